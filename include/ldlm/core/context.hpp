@@ -1,0 +1,204 @@
+// Execution context: the caller-owned thread pool and scratch arena that every
+// forward pass takes explicitly. There is no global state: two threads that run
+// forward at once on one const model each bring their own Context.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "ldlm/core/error.hpp"
+#include "ldlm/core/tensor.hpp"
+
+namespace ldlm {
+
+/// A fixed set of worker threads. parallel_for hands tasks [0, n) to the workers
+/// and the calling thread, and returns when all are done. One caller at a time:
+/// concurrent parallel_for calls on one pool are serialised.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads = 1) : size_(threads) {
+    if (threads < 1) throw InvalidArgument("ThreadPool: thread count must be >= 1, got " + std::to_string(threads));
+    for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return size_; }
+
+  /// Calls body(task, worker) for every task in [0, n); worker is in [0, size()).
+  /// Tasks must write disjoint outputs; results then do not depend on scheduling.
+  template <class F>
+  void parallel_for(Index n, F&& body) {
+    if (n <= 0) return;
+    if (size_ == 1 || n == 1) {
+      for (Index i = 0; i < n; ++i) body(i, 0);
+      return;
+    }
+    std::lock_guard caller(call_mutex_);
+    using Body = std::remove_reference_t<F>;
+    job_.fn = [](void* ctx, Index task, int worker) { (*static_cast<Body*>(ctx))(task, worker); };
+    job_.ctx = const_cast<void*>(static_cast<const void*>(&body));
+    job_.n = n;
+    next_.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard lock(mutex_);
+      busy_workers_ = static_cast<int>(workers_.size());
+      ++generation_;
+    }
+    wake_.notify_all();
+    run_tasks(0);
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [this] { return busy_workers_ == 0; });
+  }
+
+ private:
+  struct Job {
+    void (*fn)(void*, Index, int) = nullptr;
+    void* ctx = nullptr;
+    Index n = 0;
+  };
+
+  void run_tasks(int worker) {
+    for (Index i = next_.fetch_add(1, std::memory_order_relaxed); i < job_.n;
+         i = next_.fetch_add(1, std::memory_order_relaxed))
+      job_.fn(job_.ctx, i, worker);
+  }
+
+  void worker_loop(int worker) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        if (stopping_) return;
+        seen = generation_;
+      }
+      run_tasks(worker);
+      std::lock_guard lock(mutex_);
+      if (--busy_workers_ == 0) done_.notify_one();
+    }
+  }
+
+  int size_;
+  std::vector<std::thread> workers_;
+  std::mutex call_mutex_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::uint64_t generation_ = 0;
+  int busy_workers_ = 0;
+  bool stopping_ = false;
+  Job job_;
+  std::atomic<Index> next_{0};
+};
+
+/// Scratch memory reused across layers and sampling steps. Allocation is a pointer
+/// bump inside blocks; a Scope gives back everything allocated since it opened.
+/// After a pass that needed several blocks, they are merged into one, so a repeated
+/// pass of the same shapes allocates nothing (and touches no fresh pages).
+class Arena {
+ public:
+  class Scope {
+   public:
+    explicit Scope(Arena& arena) : arena_(arena), block_(arena.current_), offset_(arena.offset_) { ++arena.depth_; }
+    ~Scope() {
+      arena_.current_ = block_;
+      arena_.offset_ = offset_;
+      if (--arena_.depth_ == 0) arena_.coalesce();
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Arena& arena_;
+    std::size_t block_, offset_;
+  };
+
+  /// Uninitialised, 64-byte aligned storage for n values of T, valid until the
+  /// innermost open Scope closes.
+  template <class T>
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    while (current_ < blocks_.size() && offset_ + bytes > blocks_[current_].size) {
+      ++current_;
+      offset_ = 0;
+    }
+    if (current_ == blocks_.size()) {
+      const std::size_t last = blocks_.empty() ? 0 : blocks_.back().size;
+      blocks_.push_back(Block(std::max(bytes, 2 * last)));
+      offset_ = 0;
+    }
+    std::byte* p = blocks_[current_].data.get() + offset_;
+    offset_ += bytes;
+    return reinterpret_cast<T*>(p);
+  }
+
+  std::size_t capacity() const {
+    std::size_t c = 0;
+    for (const auto& b : blocks_) c += b.size;
+    return c;
+  }
+
+ private:
+  static constexpr std::size_t kAlign = 64;
+  struct Deleter {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(kAlign)); }
+  };
+  struct Block {
+    explicit Block(std::size_t n) : data(static_cast<std::byte*>(::operator new[](n, std::align_val_t(kAlign)))), size(n) {}
+    std::unique_ptr<std::byte[], Deleter> data;
+    std::size_t size;
+  };
+
+  void coalesce() {
+    if (blocks_.size() > 1) {
+      const std::size_t total = capacity();
+      blocks_.clear();
+      blocks_.push_back(Block(total));
+    }
+    current_ = 0;
+    offset_ = 0;
+  }
+
+  std::vector<Block> blocks_;
+  std::size_t current_ = 0, offset_ = 0;
+  int depth_ = 0;
+};
+
+/// What a forward pass runs with. Cheap to create; one per calling thread.
+class Context {
+ public:
+  /// Owns a pool of `threads` threads (1 = run on the calling thread only).
+  explicit Context(int threads = 1) : owned_(std::make_unique<ThreadPool>(threads)), pool_(owned_.get()) {}
+  /// Uses a caller-owned pool, which must outlive the context.
+  explicit Context(ThreadPool& pool) : pool_(&pool) {}
+
+  ThreadPool& pool() { return *pool_; }
+  int threads() const { return pool_->size(); }
+  Arena& arena() { return arena_; }
+
+  /// When set, modules check their outputs for NaN/Inf and throw NumericError.
+  bool check_finite = false;
+
+ private:
+  std::unique_ptr<ThreadPool> owned_;
+  ThreadPool* pool_;
+  Arena arena_;
+};
+
+}  // namespace ldlm

@@ -1,0 +1,68 @@
+// The deterministic parameter generator shared with tools/reference/ldlm_init.py
+// (specified in tests/data/README.md). Values depend only on the seed, the full
+// state-dict name and the element index, so C++ and PyTorch build bit-identical
+// weights and real-width references need no committed weights.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ldlm/core/parameter.hpp"
+
+namespace ldlm {
+
+namespace detail {
+constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+constexpr std::uint64_t fnv1a64(std::string_view s) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+constexpr std::uint64_t splitmix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/// Uniform in [-1, 1), exactly representable in float32.
+inline float uniform_pm1(std::uint64_t key, std::uint64_t index) {
+  const std::uint64_t z = splitmix64(key + (index + 1) * kGolden);
+  return static_cast<float>(z >> 40) / 8388608.0f - 1.0f;
+}
+
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+}  // namespace detail
+
+/// Fills one parameter from (seed, full_name); allocates it if needed.
+template <class S>
+void init_parameter(Parameter<S>& p, std::string_view full_name, std::uint64_t seed) {
+  const Shape& shape = p.shape();
+  float offset = 0.0f, scale = 0.1f;
+  if (shape.size() >= 2) {
+    scale = 1.0f / std::sqrt(static_cast<float>(shape.back()));
+  } else if (detail::ends_with(full_name, ".weight") || detail::ends_with(full_name, ".gamma")) {
+    offset = 1.0f;  // norm gains sit around one, but not at one, so a dropped gain shows
+    scale = 0.25f;
+  }
+  const std::uint64_t key = detail::fnv1a64(full_name) ^ (seed * detail::kGolden);
+  S* out = (p.allocate(), p.data());
+  const std::int64_t n = p.numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double u = detail::uniform_pm1(key, static_cast<std::uint64_t>(i));
+    out[i] = static_cast<S>(static_cast<float>(static_cast<double>(offset) + static_cast<double>(scale) * u));
+  }
+}
+
+/// Allocates and fills every parameter of a module, named with `prefix`.
+template <class M>
+void init_parameters(M& module, std::uint64_t seed, const std::string& prefix = "") {
+  module.visit(prefix, [&](const std::string& name, auto& p) { init_parameter(p, name, seed); });
+}
+
+}  // namespace ldlm

@@ -1,0 +1,108 @@
+// Named parameters. Modules declare each tensor once, with its PyTorch state-dict
+// name and shape, inside `visit(prefix, f)`; counting, allocation, initialisation,
+// loading and saving all walk that one visitor, so no second list can drift.
+// Constructing a module only records shapes: nothing is allocated until asked.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+
+#include "ldlm/core/tensor.hpp"
+
+namespace ldlm {
+
+enum class Role { trained, frozen };
+
+template <class S>
+class Parameter {
+ public:
+  Parameter() = default;
+  explicit Parameter(Shape shape, Role role = Role::trained) : shape_(std::move(shape)), role_(role) {}
+
+  const Shape& shape() const { return shape_; }
+  Role role() const { return role_; }
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (auto e : shape_) n *= e;
+    return n;
+  }
+  bool allocated() const { return static_cast<std::int64_t>(storage_.size()) == numel(); }
+  /// Reserves storage (uninitialised values); idempotent.
+  void allocate() {
+    if (!allocated()) storage_.resize(numel());
+  }
+  void release() { storage_.resize(0); }
+
+  S* data() { return storage_.data(); }
+  const S* data() const {
+    require_values();
+    return storage_.data();
+  }
+  /// As a row-major matrix: [shape0, rest] (nn.Linear: [out, in]); rank 1 is [1, n].
+  ConstMatrixMap<S> matrix() const {
+    require_values();
+    return ConstMatrixMap<S>(storage_.data(), rows(), numel() / std::max<Index>(rows(), 1));
+  }
+  MatrixMap<S> matrix() {
+    allocate();
+    return MatrixMap<S>(storage_.data(), rows(), numel() / std::max<Index>(rows(), 1));
+  }
+  /// Any parameter as a flat row vector in row-major order.
+  ConstRowVectorMap<S> vector() const {
+    require_values();
+    return ConstRowVectorMap<S>(storage_.data(), numel());
+  }
+  RowVectorMap<S> vector() {
+    allocate();
+    return RowVectorMap<S>(storage_.data(), numel());
+  }
+
+ private:
+  Index rows() const { return shape_.size() >= 2 ? shape_[0] : 1; }
+  void require_values() const {
+    if (!allocated())
+      throw Error("ldlm: a parameter of shape " + shape_string(shape_) +
+                  " was used before it was loaded or initialised");
+  }
+
+  Shape shape_;
+  Role role_ = Role::trained;
+  Vector<S> storage_;
+};
+
+/// Calls f(full_name, const Parameter&) for every parameter of a module.
+template <class M, class F>
+void visit_parameters(const M& module, const std::string& prefix, F&& f) {
+  // Visitors are written once, non-const; this view hands out const parameters only.
+  const_cast<M&>(module).visit(prefix, [&](const std::string& name, const auto& p) { f(name, p); });
+}
+
+struct ParameterCounts {
+  std::int64_t trained = 0;
+  std::int64_t frozen = 0;
+  std::int64_t total() const { return trained + frozen; }
+};
+
+template <class M>
+ParameterCounts count_parameters(const M& module) {
+  ParameterCounts c;
+  visit_parameters(module, "", [&](const std::string&, const auto& p) {
+    (p.role() == Role::trained ? c.trained : c.frozen) += p.numel();
+  });
+  return c;
+}
+
+/// Bytes the module's parameters occupy once allocated.
+template <class M>
+std::int64_t parameter_bytes(const M& module) {
+  std::int64_t bytes = 0;
+  visit_parameters(module, "", [&](const std::string&, const auto& p) {
+    bytes += p.numel() * static_cast<std::int64_t>(sizeof(*p.data()));
+  });
+  return bytes;
+}
+
+}  // namespace ldlm

@@ -1,0 +1,95 @@
+// Checkpoint loading and saving by state-dict name: every parameter a module's
+// visitor names is looked up in a safetensors file, so loading is name matching.
+// Strict by default: a missing, unexpected or mis-shaped tensor is an error that
+// names it.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ldlm/core/parameter.hpp"
+#include "ldlm/io/safetensors.hpp"
+
+namespace ldlm {
+
+struct LoadOptions {
+  /// Only tensors whose names start with this are considered (others in the file are
+  /// ignored): "denoiser." loads one module from a full LDLM checkpoint.
+  std::string scope;
+  /// A tensor in scope that no parameter claims is an error.
+  bool reject_unexpected = true;
+  /// Names ending in one of these are buffers, not parameters, and are skipped.
+  std::vector<std::string> ignored_suffixes;
+};
+
+namespace detail {
+inline std::string file_label(const SafetensorsFile& file) { return "checkpoint '" + file.path() + "'"; }
+
+inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16; }
+}  // namespace detail
+
+/// Fills every parameter of `module` (named with `prefix`) from `file`; F16/BF16/F64
+/// tensors are converted to S. Throws CheckpointError naming the first problem.
+template <class M>
+void load_parameters(M& module, const SafetensorsFile& file, const std::string& prefix = "",
+                     const LoadOptions& options = {}) {
+  const std::string where = detail::file_label(file);
+  std::set<std::string> claimed;
+  std::vector<std::string> missing;
+  module.visit(prefix, [&](const std::string& name, auto& p) {
+    if (!file.contains(name)) {
+      missing.push_back(name + " " + shape_string(p.shape()));
+      return;
+    }
+    const TensorInfo& info = file.info(name);
+    if (info.shape != p.shape())
+      throw CheckpointError(where + ": tensor '" + name + "' expected shape " + shape_string(p.shape()) + ", got " +
+                            shape_string(info.shape));
+    if (!detail::is_float_dtype(info.dtype))
+      throw CheckpointError(where + ": tensor '" + name + "' has dtype " + std::string(dtype_name(info.dtype)) +
+                            ", expected a floating dtype (F32, F16, BF16 or F64)");
+    p.allocate();
+    file.read_into(name, p.data(), p.numel());
+    claimed.insert(name);
+  });
+  if (!missing.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", '" : "'") + missing[i] + "'";
+    if (missing.size() > 8) list += " and " + std::to_string(missing.size() - 8) + " more";
+    throw CheckpointError(where + ": missing " + std::to_string(missing.size()) + " tensor(s): " + list);
+  }
+  if (!options.reject_unexpected) return;
+  for (const TensorInfo& t : file.tensors()) {
+    if (!t.name.starts_with(options.scope) || claimed.count(t.name)) continue;
+    bool ignored = false;
+    for (const auto& suffix : options.ignored_suffixes) ignored = ignored || t.name.ends_with(suffix);
+    if (!ignored)
+      throw CheckpointError(where + ": unexpected tensor '" + t.name + "' " + shape_string(t.shape) +
+                            (options.scope.empty() ? std::string() : " under '" + options.scope + "'") +
+                            " that no parameter of the model claims");
+  }
+}
+
+/// Loads a Hugging Face GPT-2 file (GPT2Model or GPT2LMHeadModel) into the feature
+/// model: plain names or a `transformer.` prefix, Conv1D layout as stored, the
+/// attention-mask buffers and the tied lm_head ignored.
+template <class M>
+void load_hf_gpt2(M& feature_model, const SafetensorsFile& file) {
+  const std::string prefix = file.contains("transformer.wte.weight") ? "transformer." : "";
+  LoadOptions options;
+  options.ignored_suffixes = {".attn.bias", ".attn.masked_bias", "lm_head.weight"};
+  load_parameters(feature_model, file, prefix, options);
+}
+
+/// Writes every parameter under its full state-dict name (F32 for float, F64 for double).
+template <class M>
+void save_parameters(const M& module, const std::string& path, const std::string& prefix = "",
+                     const std::map<std::string, std::string>& metadata = {}) {
+  SafetensorsWriter writer;
+  for (const auto& [k, v] : metadata) writer.set_metadata(k, v);
+  visit_parameters(module, prefix, [&](const std::string& name, const auto& p) { writer.add(name, p.shape(), p.data()); });
+  writer.write(path);
+}
+
+}  // namespace ldlm

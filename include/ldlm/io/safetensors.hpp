@@ -1,0 +1,533 @@
+// safetensors reader and writer (https://github.com/huggingface/safetensors).
+//
+// Layout: u64 little-endian header length N, N bytes of JSON header, data section.
+// The reader holds the same line as the reference implementation: the whole
+// header is validated against the file size before any tensor byte is touched,
+// and the tensors must tile the data section exactly (no gaps, no overlaps, no
+// trailing bytes). Files are memory-mapped read-only; tensor bytes are read with
+// memcpy because a tensor may start at any offset.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ldlm/core/error.hpp"
+
+namespace ldlm {
+
+static_assert(std::endian::native == std::endian::little, "ldlm's safetensors I/O assumes a little-endian host");
+
+enum class DType { F64, F32, F16, BF16, I64, I32 };
+
+inline constexpr std::string_view dtype_name(DType d) {
+  switch (d) {
+    case DType::F64: return "F64";
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::I64: return "I64";
+    case DType::I32: return "I32";
+  }
+  return "?";
+}
+
+inline constexpr std::size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::F64: case DType::I64: return 8;
+    case DType::F32: case DType::I32: return 4;
+    case DType::F16: case DType::BF16: return 2;
+  }
+  return 0;
+}
+
+inline constexpr bool dtype_is_integer(DType d) { return d == DType::I64 || d == DType::I32; }
+
+namespace detail {
+inline std::optional<DType> dtype_from_name(std::string_view s) {
+  for (DType d : {DType::F64, DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32})
+    if (dtype_name(d) == s) return d;
+  return std::nullopt;
+}
+}  // namespace detail
+
+/// "F32" -> DType::F32. Unknown names throw FormatError naming `tensor` (if given) and the string.
+inline DType parse_dtype(std::string_view dtype, std::string_view tensor = {}) {
+  if (auto d = detail::dtype_from_name(dtype)) return *d;
+  std::string msg = "safetensors: unknown dtype '" + std::string(dtype) + "'";
+  if (!tensor.empty()) msg += " for tensor '" + std::string(tensor) + "'";
+  throw FormatError(msg);
+}
+
+/// IEEE binary16 -> binary32, exact (normals, subnormals, signed zero, inf, nan payload).
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: mant * 2^-24; normalise so the leading 1 lands in bit 10
+    exp = 113;
+    while (!(mant & 0x400u)) {
+      mant <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+/// bfloat16 -> binary32 (exact: bf16 is the top half of a float).
+inline float bf16_to_float(std::uint16_t h) { return std::bit_cast<float>(std::uint32_t(h) << 16); }
+
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  std::uint64_t offset = 0, size = 0;  // relative to the data section
+  std::int64_t numel() const { return static_cast<std::int64_t>(size / dtype_size(dtype)); }
+};
+
+namespace detail {
+
+inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+inline constexpr int kMaxJsonDepth = 8;
+inline constexpr std::size_t kMaxRank = 8;
+
+/// Owns a read-only private mapping of a whole file.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* addr, std::size_t len) : addr_(addr), len_(len) {}
+  Mapping(Mapping&& o) noexcept : addr_(std::exchange(o.addr_, nullptr)), len_(std::exchange(o.len_, 0)) {}
+  Mapping& operator=(Mapping&& o) noexcept {
+    if (this != &o) {
+      reset();
+      addr_ = std::exchange(o.addr_, nullptr);
+      len_ = std::exchange(o.len_, 0);
+    }
+    return *this;
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { reset(); }
+  std::span<const std::byte> bytes() const { return {static_cast<const std::byte*>(addr_), len_}; }
+
+ private:
+  void reset() {
+    if (addr_) ::munmap(addr_, len_);
+    addr_ = nullptr;
+    len_ = 0;
+  }
+  void* addr_ = nullptr;
+  std::size_t len_ = 0;
+};
+
+inline std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace detail
+
+class SafetensorsFile {
+ public:
+  /// Memory-maps `path` read-only and validates it.
+  static SafetensorsFile open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw IoError("safetensors " + path + ": cannot open: " + detail::errno_text());
+    struct stat st {};
+    std::string err;
+    void* addr = MAP_FAILED;
+    if (::fstat(fd, &st) != 0)
+      err = "cannot stat: " + detail::errno_text();
+    else if (!S_ISREG(st.st_mode))
+      err = "not a regular file";
+    else if (st.st_size == 0)
+      err = "empty file";
+    else if ((addr = ::mmap(nullptr, std::size_t(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED)
+      err = "cannot mmap: " + detail::errno_text();
+    ::close(fd);
+    if (!err.empty()) throw IoError("safetensors " + path + ": " + err);
+    SafetensorsFile f(path);
+    f.mapping_ = detail::Mapping(addr, std::size_t(st.st_size));
+    f.init(f.mapping_.bytes());
+    return f;
+  }
+
+  /// Takes ownership of an in-memory file (tests, fuzzing); same validation as open().
+  static SafetensorsFile from_buffer(std::vector<std::byte> buffer) {
+    SafetensorsFile f("<buffer>");
+    f.buffer_ = std::move(buffer);
+    f.init(f.buffer_);
+    return f;
+  }
+
+  SafetensorsFile(SafetensorsFile&&) noexcept = default;
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept = default;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile() = default;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// Sorted by name.
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+
+  bool contains(std::string_view name) const { return find(name) != nullptr; }
+
+  const TensorInfo& info(std::string_view name) const {
+    if (const TensorInfo* t = find(name)) return *t;
+    throw CheckpointError(where() + "no tensor '" + std::string(name) + "'");
+  }
+
+  /// The raw little-endian bytes of a tensor (not necessarily aligned).
+  std::span<const std::byte> bytes(std::string_view name) const {
+    const TensorInfo& t = info(name);
+    return data_.subspan(t.offset, t.size);
+  }
+
+  /// Converts to T in {float, double, int64, int32}. Float dtypes cannot be read as integers;
+  /// integer values that do not fit T throw FormatError.
+  template <class T>
+  std::vector<T> read(const std::string& name) const {
+    const TensorInfo& t = info(name);
+    std::vector<T> out(static_cast<std::size_t>(t.numel()));
+    convert(t, out.data());
+    return out;
+  }
+
+  /// Like read(), into caller storage of exactly `count` elements.
+  template <class T>
+  void read_into(const std::string& name, T* dst, std::int64_t count) const {
+    const TensorInfo& t = info(name);
+    if (count != t.numel())
+      throw CheckpointError(where() + "tensor '" + name + "' " + shape_string(t.shape) + " has " +
+                            std::to_string(t.numel()) + " elements, but the destination holds " +
+                            std::to_string(count));
+    convert(t, dst);
+  }
+
+ private:
+  explicit SafetensorsFile(std::string path) : path_(std::move(path)) {}
+
+  std::string where() const { return "safetensors " + path_ + ": "; }
+  [[noreturn]] void fail(const std::string& msg) const { throw FormatError(where() + msg); }
+
+  const TensorInfo* find(std::string_view name) const {
+    auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                               [](const TensorInfo& t, std::string_view n) { return t.name < n; });
+    return it != tensors_.end() && it->name == name ? &*it : nullptr;
+  }
+
+  template <class T>
+  void convert(const TensorInfo& t, T* dst) const {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int64_t> ||
+                      std::is_same_v<T, std::int32_t>,
+                  "SafetensorsFile::read supports float, double, int64_t and int32_t");
+    const std::byte* src = data_.data() + t.offset;
+    const std::size_t n = static_cast<std::size_t>(t.numel());
+    auto each = [&](auto tag, auto&& f) {
+      using S = decltype(tag);
+      for (std::size_t i = 0; i < n; ++i) {
+        S s;
+        std::memcpy(&s, src + i * sizeof(S), sizeof(S));
+        dst[i] = f(s);
+      }
+    };
+    if constexpr (std::is_floating_point_v<T>) {
+      switch (t.dtype) {
+        case DType::F64: return each(double{}, [](double v) { return static_cast<T>(v); });
+        case DType::F32:
+          if constexpr (std::is_same_v<T, float>) {
+            if (n) std::memcpy(dst, src, n * sizeof(float));
+            return;
+          } else {
+            return each(float{}, [](float v) { return static_cast<T>(v); });
+          }
+        case DType::F16: return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(half_to_float(v)); });
+        case DType::BF16: return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(bf16_to_float(v)); });
+        case DType::I64: return each(std::int64_t{}, [](std::int64_t v) { return static_cast<T>(v); });
+        case DType::I32: return each(std::int32_t{}, [](std::int32_t v) { return static_cast<T>(v); });
+      }
+    } else {
+      if (!dtype_is_integer(t.dtype))
+        fail("tensor '" + t.name + "' has dtype " + std::string(dtype_name(t.dtype)) + ", expected an integer dtype");
+      auto narrow = [&](auto v) {
+        if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max())
+          fail("tensor '" + t.name + "' value " + std::to_string(v) + " does not fit " +
+               (sizeof(T) == 4 ? "int32" : "int64"));
+        return static_cast<T>(v);
+      };
+      if (t.dtype == DType::I64) return each(std::int64_t{}, narrow);
+      return each(std::int32_t{}, narrow);
+    }
+  }
+
+  // The single validation path of open() and from_buffer(). Only the 8-byte prefix and the
+  // header are read; every tensor range is checked against the data section before use.
+  void init(std::span<const std::byte> file) {
+    using nlohmann::json;
+    if (file.size() < 8)
+      fail("file is " + std::to_string(file.size()) + " bytes, too short for the 8-byte header length");
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | std::to_integer<std::uint64_t>(file[std::size_t(i)]);
+    if (n > detail::kMaxHeaderBytes)
+      fail("header length " + std::to_string(n) + " exceeds the limit of " +
+           std::to_string(detail::kMaxHeaderBytes) + " bytes");
+    if (n > file.size() - 8)
+      fail("header length " + std::to_string(n) + " runs past the end of the file (" +
+           std::to_string(file.size() - 8) + " bytes after the length prefix)");
+    const auto* hdr = reinterpret_cast<const char*>(file.data() + 8);
+    data_ = file.subspan(8 + n);
+
+    // Bound nesting and reject duplicate keys at every level (nlohmann keeps the last one).
+    std::vector<std::set<std::string>> keys(detail::kMaxJsonDepth + 2);
+    auto cb = [&](int depth, json::parse_event_t ev, json& v) {
+      if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) {
+        if (depth >= detail::kMaxJsonDepth)
+          fail("header JSON is nested deeper than " + std::to_string(detail::kMaxJsonDepth) + " levels");
+        if (ev == json::parse_event_t::object_start) keys[std::size_t(depth) + 1].clear();
+      } else if (ev == json::parse_event_t::key && !keys[std::size_t(depth)].insert(v.get<std::string>()).second) {
+        fail(depth == 1 && v != "__metadata__" ? "duplicate tensor name '" + v.get<std::string>() + "'"
+                                               : "duplicate key '" + v.get<std::string>() + "' in header");
+      }
+      return true;
+    };
+    json header;
+    try {
+      header = json::parse(hdr, hdr + n, cb);
+    } catch (const json::exception& e) {
+      fail(std::string("header is not valid JSON: ") + e.what());
+    }
+    if (!header.is_object()) fail("header is not a JSON object");
+
+    for (auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        if (!entry.is_object()) fail("__metadata__ is not an object of string -> string");
+        for (auto& [k, v] : entry.items()) {
+          if (!v.is_string()) fail("__metadata__ value of key '" + k + "' is not a string");
+          metadata_.emplace(k, v.get<std::string>());
+        }
+        continue;
+      }
+      tensors_.push_back(parse_entry(name, entry));
+    }
+    // items() of nlohmann's std::map-backed object is already sorted by name.
+
+    // The tensors must tile [0, data size) exactly.
+    std::vector<const TensorInfo*> order;
+    for (const auto& t : tensors_) order.push_back(&t);
+    std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) {
+      return std::pair(a->offset, a->offset + a->size) < std::pair(b->offset, b->offset + b->size);
+    });
+    std::uint64_t end = 0;
+    const TensorInfo* prev = nullptr;
+    for (const TensorInfo* t : order) {
+      const std::string range = "[" + std::to_string(t->offset) + ", " + std::to_string(t->offset + t->size) + "]";
+      if (t->offset < end)
+        fail("tensor '" + t->name + "' data_offsets " + range + " overlap tensor '" + prev->name + "' ending at " +
+             std::to_string(end));
+      if (t->offset > end)
+        fail("gap of " + std::to_string(t->offset - end) + " bytes before tensor '" + t->name + "' data_offsets " +
+             range + (prev ? " (previous tensor '" + prev->name + "' ends at " + std::to_string(end) + ")"
+                           : std::string(" (the data section starts at 0)")));
+      end = t->offset + t->size;
+      prev = t;
+    }
+    if (end != data_.size())
+      fail(std::to_string(data_.size() - end) + " trailing bytes after the last tensor (data section is " +
+           std::to_string(data_.size()) + " bytes, tensors cover " + std::to_string(end) + ")");
+  }
+
+  TensorInfo parse_entry(const std::string& name, const nlohmann::json& e) const {
+    const std::string t = "tensor '" + name + "' ";
+    if (!e.is_object() || e.size() != 3 || !e.contains("dtype") || !e.contains("shape") ||
+        !e.contains("data_offsets"))
+      fail(t + "entry must be an object with exactly the keys dtype, shape and data_offsets");
+    TensorInfo info;
+    info.name = name;
+    const auto& dt = e["dtype"];
+    if (!dt.is_string()) fail(t + "dtype is not a string");
+    const auto d = detail::dtype_from_name(dt.get<std::string>());
+    if (!d) fail(t + "has unknown dtype '" + dt.get<std::string>() + "'");
+    info.dtype = *d;
+
+    const auto& sh = e["shape"];
+    if (!sh.is_array()) fail(t + "shape is not an array");
+    if (sh.size() > detail::kMaxRank)
+      fail(t + "has rank " + std::to_string(sh.size()) + ", more than " + std::to_string(detail::kMaxRank));
+    std::uint64_t bytes = dtype_size(info.dtype);
+    bool overflow = false;
+    for (std::size_t i = 0; i < sh.size(); ++i) {
+      const auto& x = sh[i];
+      if (!x.is_number_unsigned() || x.get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+        fail(t + "shape entry " + std::to_string(i) + " (" + x.dump() + ") is not a non-negative 64-bit integer");
+      info.shape.push_back(x.get<std::int64_t>());
+      overflow |= __builtin_mul_overflow(bytes, x.get<std::uint64_t>(), &bytes);
+    }
+    // A zero extent makes the product 0 whatever overflowed on the way.
+    if (overflow && std::find(info.shape.begin(), info.shape.end(), 0) == info.shape.end())
+      fail(t + "shape " + shape_string(info.shape) + " x " + std::to_string(dtype_size(info.dtype)) +
+           " bytes overflows 64 bits");
+
+    const auto& off = e["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail(t + "data_offsets must be an array of two unsigned integers, got " + off.dump());
+    const auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
+    const std::string range = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+    if (begin > end) fail(t + range + " has begin > end");
+    if (end > data_.size())
+      fail(t + range + " lie outside the data section of " + std::to_string(data_.size()) + " bytes");
+    if (end - begin != bytes)
+      fail(t + "shape " + shape_string(info.shape) + " with dtype " + std::string(dtype_name(info.dtype)) +
+           " needs " + std::to_string(bytes) + " bytes, but " + range + " span " + std::to_string(end - begin));
+    info.offset = begin;
+    info.size = end - begin;
+    return info;
+  }
+
+  std::string path_;
+  detail::Mapping mapping_;
+  std::vector<std::byte> buffer_;
+  std::span<const std::byte> data_;  // the data section, inside mapping_ or buffer_
+  std::map<std::string, std::string> metadata_;
+  std::vector<TensorInfo> tensors_;
+};
+
+class SafetensorsWriter {
+ public:
+  /// Raw little-endian bytes; data.size() must equal numel(shape) * dtype_size(dtype).
+  void add(std::string name, DType dtype, Shape shape, std::span<const std::byte> data) {
+    const std::string t = "SafetensorsWriter: tensor '" + name + "' ";
+    if (name == "__metadata__") throw InvalidArgument(t + "uses the reserved name");
+    if (tensors_.count(name)) throw InvalidArgument("SafetensorsWriter: duplicate tensor name '" + name + "'");
+    const std::uint64_t bytes = byte_count(t, dtype, shape);
+    if (bytes != data.size())
+      throw InvalidArgument(t + "shape " + shape_string(shape) + " with dtype " + std::string(dtype_name(dtype)) +
+                            " needs " + std::to_string(bytes) + " bytes, got " + std::to_string(data.size()));
+    tensors_.emplace(std::move(name), Entry{dtype, std::move(shape), {data.begin(), data.end()}});
+  }
+
+  /// Typed convenience: float -> F32, double -> F64, int64_t -> I64, int32_t -> I32.
+  template <class T>
+  void add(std::string name, Shape shape, const T* data) {
+    const DType d = std::is_same_v<T, float>          ? DType::F32
+                    : std::is_same_v<T, double>       ? DType::F64
+                    : std::is_same_v<T, std::int64_t> ? DType::I64
+                                                      : DType::I32;
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int64_t> ||
+                      std::is_same_v<T, std::int32_t>,
+                  "SafetensorsWriter::add supports float, double, int64_t and int32_t");
+    const std::uint64_t bytes = byte_count("SafetensorsWriter: tensor '" + name + "' ", d, shape);
+    add(std::move(name), d, std::move(shape), {reinterpret_cast<const std::byte*>(data), std::size_t(bytes)});
+  }
+
+  void set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+
+  /// The complete file: length prefix, space-padded header, tensors in name order.
+  std::vector<std::byte> to_bytes() const {
+    const std::string h = header();
+    std::vector<std::byte> out(8 + h.size());
+    encode_length(out.data(), h.size());
+    std::memcpy(out.data() + 8, h.data(), h.size());
+    for (const auto& [name, e] : tensors_) out.insert(out.end(), e.data.begin(), e.data.end());
+    return out;
+  }
+
+  /// Writes `path + ".tmp"` and renames it over `path`, so a crash never leaves a half file.
+  void write(const std::string& path) const {
+    const std::string h = header(), tmp = path + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) throw IoError("safetensors " + path + ": cannot create " + tmp + ": " + detail::errno_text());
+    std::byte len[8];
+    encode_length(len, h.size());
+    bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+    for (auto it = tensors_.begin(); ok && it != tensors_.end(); ++it)
+      ok = std::fwrite(it->second.data.data(), 1, it->second.data.size(), f) == it->second.data.size();
+    ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;  // data on disk before the rename
+    int err = ok ? 0 : errno;
+    if (std::fclose(f) != 0 && ok) {
+      ok = false;
+      err = errno;
+    }
+    const char* step = "cannot write ";
+    if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) {
+      ok = false;
+      err = errno;
+      step = "cannot rename ";
+    }
+    if (!ok) {
+      std::remove(tmp.c_str());
+      throw IoError("safetensors " + path + ": " + step + tmp + ": " + std::strerror(err));
+    }
+  }
+
+ private:
+  struct Entry {
+    DType dtype;
+    Shape shape;
+    std::vector<std::byte> data;
+  };
+
+  static std::uint64_t byte_count(const std::string& t, DType dtype, const Shape& shape) {
+    std::uint64_t bytes = dtype_size(dtype);
+    for (auto e : shape) {
+      if (e < 0) throw InvalidArgument(t + "has a negative extent in shape " + shape_string(shape));
+      if (__builtin_mul_overflow(bytes, std::uint64_t(e), &bytes))
+        throw InvalidArgument(t + "shape " + shape_string(shape) + " overflows 64 bits");
+    }
+    return bytes;
+  }
+
+  static void encode_length(std::byte* out, std::uint64_t n) {
+    for (int i = 0; i < 8; ++i) out[i] = std::byte((n >> (8 * i)) & 0xff);
+  }
+
+  std::string header() const {
+    nlohmann::json h = nlohmann::json::object();  // std::map-backed: keys come out sorted
+    if (!metadata_.empty()) h["__metadata__"] = metadata_;
+    std::uint64_t offset = 0;
+    for (const auto& [name, e] : tensors_) {
+      h[name] = {{"dtype", dtype_name(e.dtype)},
+                 {"shape", e.shape},
+                 {"data_offsets", {offset, offset + e.data.size()}}};
+      offset += e.data.size();
+    }
+    std::string s;
+    try {
+      s = h.dump();
+    } catch (const nlohmann::json::exception& ex) {
+      throw InvalidArgument(std::string("SafetensorsWriter: tensor name or metadata is not valid UTF-8: ") +
+                            ex.what());
+    }
+    s.resize((s.size() + 7) / 8 * 8, ' ');
+    return s;
+  }
+
+  std::map<std::string, Entry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace ldlm

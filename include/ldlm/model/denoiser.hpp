@@ -1,0 +1,157 @@
+// The diffusion denoiser (spec 3.5): DDiT blocks with adaLN modulation, predicting
+// x̂0 from (x_t, t, x̂0 of the previous step).
+#pragma once
+
+#include <string>
+
+#include "ldlm/model/common.hpp"
+#include "ldlm/model/config.hpp"
+#include "ldlm/nn/attention.hpp"
+#include "ldlm/nn/mlp.hpp"
+#include "ldlm/ops/embedding.hpp"
+#include "ldlm/ops/modulate.hpp"
+
+namespace ldlm {
+
+inline nn::AttentionSettings denoiser_attention_settings(const Config& c) {
+  nn::AttentionSettings s;
+  s.d_model = c.d_model;
+  s.heads = c.n_heads;
+  s.head_dim = c.head_dim;
+  s.softcap = c.softcap;
+  s.rotary = true;
+  s.rotary_interleaved = c.rotary_interleaved;
+  s.rope_base = c.rope_base;
+  return s;
+}
+
+/// One DDiT block: adaLN chunks (shift, scale, gate) × (attention, MLP).
+template <class S = float>
+struct DDiTBlock {
+  nn::LayerNormGain<S> norm1, norm2;
+  nn::FusedSelfAttention<S> attn;
+  nn::GeluMLP<S> mlp;
+  nn::Linear<S> adaLN_modulation;
+
+  DDiTBlock() = default;
+  explicit DDiTBlock(const Config& c)
+      : norm1(c.d_model, c.layer_norm_eps),
+        norm2(c.d_model, c.layer_norm_eps),
+        attn(denoiser_attention_settings(c)),
+        mlp(c.d_model, c.mlp_hidden()),
+        adaLN_modulation(c.d_model, 6 * c.d_model, true) {}
+
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    norm1.visit(prefix + "norm1.", f);
+    norm2.visit(prefix + "norm2.", f);
+    attn.visit(prefix, f);
+    mlp.visit(prefix + "mlp.", f);
+    adaLN_modulation.visit(prefix + "adaLN_modulation.", f);
+  }
+
+  /// x: [B*T, d], updated in place; c: [B, d] conditioning (after SiLU).
+  void forward(Context& ctx, MatRef<S> x, ConstMatRef<S> c, Index B, Index T, const RotaryTable<S>& rotary) const {
+    Arena::Scope scope(ctx.arena());
+    const Index rows = B * T, d = x.cols();
+    MatrixMap<S> ada(ctx.arena().allocate<S>(B * 6 * d), B, 6 * d);  // [B, 6d]
+    MatrixMap<S> y(ctx.arena().allocate<S>(rows * d), rows, d);      // [B*T, d]
+    MatrixMap<S> out(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d]
+    adaLN_modulation.forward(ctx, c, ada);
+    auto chunk = [&](int i) { return ada.middleCols(i * d, d); };  // shift_a, scale_a, gate_a, shift_m, scale_m, gate_m
+
+    norm1.forward(ctx, x, y);
+    modulate<S>(ctx, y, chunk(0), chunk(1), T, y);
+    attn.forward(ctx, y, B, T, &rotary, out);
+    gated_residual_add<S>(ctx, x, chunk(2), out, T);
+
+    norm2.forward(ctx, x, y);
+    modulate<S>(ctx, y, chunk(3), chunk(4), T, y);
+    mlp.forward(ctx, y, out);
+    gated_residual_add<S>(ctx, x, chunk(5), out, T);
+  }
+};
+
+template <class S = float>
+class Denoiser {
+ public:
+  Config config;
+  nn::Linear<S> input_proj;           // [d, 2d], on concat(x_t, self_cond)
+  nn::Linear<S> time_fc1, time_fc2;   // time_emb.0, time_emb.2
+  std::vector<DDiTBlock<S>> blocks;
+  nn::LayerNormGain<S> norm_final;    // output_layer.norm_final: the documented 768 parameters
+  nn::Linear<S> out_adaLN, out_linear;  // output_layer.adaLN_modulation, output_layer.linear
+
+  explicit Denoiser(const Config& c = Config{})
+      : config(c),
+        input_proj(2 * c.d_model, c.d_model, false),
+        time_fc1(c.d_model, 2 * c.d_model, true),
+        time_fc2(2 * c.d_model, c.d_model, true),
+        blocks(c.denoiser_blocks, DDiTBlock<S>(c)),
+        norm_final(c.d_model, c.layer_norm_eps),
+        out_adaLN(c.d_model, 2 * c.d_model, true),
+        out_linear(c.d_model, c.d_model, true) {}
+
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    input_proj.visit(prefix + "input_proj.", f);
+    time_fc1.visit(prefix + "time_emb.0.", f);
+    time_fc2.visit(prefix + "time_emb.2.", f);
+    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].visit(prefix + "blocks." + std::to_string(i) + ".", f);
+    norm_final.visit(prefix + "output_layer.norm_final.", f);
+    out_adaLN.visit(prefix + "output_layer.adaLN_modulation.", f);
+    out_linear.visit(prefix + "output_layer.linear.", f);
+  }
+
+  /// c = silu(time_emb(timestep_embedding(t))): [B, d].
+  void condition(Context& ctx, const S* t, Index B, MatRef<S> c) const {
+    Arena::Scope scope(ctx.arena());
+    const Index d = config.d_model;
+    MatrixMap<S> emb(ctx.arena().allocate<S>(B * d), B, d);          // [B, d]
+    MatrixMap<S> h(ctx.arena().allocate<S>(B * 2 * d), B, 2 * d);    // [B, 2d]
+    timestep_embedding<S>(t, B, config.time_max_period, config.time_embedding_flip, emb);
+    time_fc1.forward(ctx, emb, h);
+    silu_inplace(h.data(), h.size());
+    time_fc2.forward(ctx, h, c);
+    silu_inplace(c.data(), c.size());
+  }
+
+  /// Row form: x_t, self_cond, x0: [B*T, d]; t: [B]. `rotary` must cover T.
+  void forward(Context& ctx, ConstMatRef<S> x_t, const S* t, ConstMatRef<S> self_cond, Index B, Index T,
+               const RotaryTable<S>& rotary, MatRef<S> x0) const {
+    Arena::Scope scope(ctx.arena());
+    const Index rows = B * T, d = config.d_model;
+    MatrixMap<S> in(ctx.arena().allocate<S>(rows * 2 * d), rows, 2 * d);  // [B*T, 2d] = x_t | self_cond
+    MatrixMap<S> x(ctx.arena().allocate<S>(rows * d), rows, d);           // [B*T, d]
+    MatrixMap<S> c(ctx.arena().allocate<S>(B * d), B, d);                 // [B, d]
+    MatrixMap<S> ada(ctx.arena().allocate<S>(B * 2 * d), B, 2 * d);       // [B, 2d] = shift | scale
+    in.leftCols(d) = x_t;
+    in.rightCols(d) = self_cond;
+    input_proj.forward(ctx, in, x);
+    condition(ctx, t, B, c);
+    for (const auto& block : blocks) block.forward(ctx, x, c, B, T, rotary);
+    norm_final.forward(ctx, x, x);
+    out_adaLN.forward(ctx, c, ada);
+    modulate<S>(ctx, x, ada.leftCols(d), ada.rightCols(d), T, x);
+    out_linear.forward(ctx, x, x0);
+    check_finite<S>(ctx, "denoiser", "x0", x0);
+  }
+
+  /// Tensor form: x_t, self_cond [B, T, d]; t [B] finite. Returns x̂0 [B, T, d].
+  Tensor3<S> forward(Context& ctx, const Tensor3<S>& x_t, const Tensor1<S>& t, const Tensor3<S>& self_cond) const {
+    check_activation("denoiser", "x_t", x_t, config.d_model, config.max_positions);
+    const Index B = x_t.dimension(0), T = x_t.dimension(1);
+    check_shape("denoiser", "self_cond", {B, T, config.d_model}, shape_of(self_cond));
+    check_shape("denoiser", "t", {B}, shape_of(t));
+    for (Index b = 0; b < B; ++b)
+      if (!std::isfinite(t(b)))
+        throw InvalidArgument("denoiser: tensor 't' has a non-finite value at index " + std::to_string(b));
+    Tensor3<S> x0(B, T, config.d_model);
+    Arena::Scope scope(ctx.arena());
+    const auto rotary = make_rotary_table<S>(ctx.arena(), T, config.head_dim, config.rope_base);
+    forward(ctx, as_matrix(x_t), t.data(), as_matrix(self_cond), B, T, rotary, as_matrix(x0));
+    return x0;
+  }
+};
+
+}  // namespace ldlm

@@ -1,0 +1,170 @@
+// The Perceiver latent encoder (spec 3.2) and latent decoder (spec 3.3).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ldlm/model/common.hpp"
+#include "ldlm/model/config.hpp"
+#include "ldlm/nn/attention.hpp"
+#include "ldlm/nn/embedding.hpp"
+#include "ldlm/nn/mlp.hpp"
+
+namespace ldlm {
+
+inline nn::AttentionSettings latent_attention_settings(const Config& c) {
+  nn::AttentionSettings s;
+  s.d_model = c.d_model;
+  s.heads = c.n_heads;
+  s.head_dim = c.head_dim;
+  s.softcap = c.latent_attention_softcap ? c.softcap : 0.0;
+  s.qk_norm = c.latent_attention_qk_norm;
+  s.rms_eps = c.rms_norm_eps;
+  return s;
+}
+
+template <class S = float>
+class LatentEncoder {
+ public:
+  struct Layer {
+    nn::LatentAttention<S> latent_attn;
+    nn::PerceiverFFN<S> ffn_latent;
+  };
+
+  Config config;
+  Parameter<S> latents;  // [max_positions, d], learned
+  nn::PositionalEmbedding<S> positional_emb;
+  nn::RMSNorm<S> latent_norm, output_norm;
+  std::vector<Layer> latent_layers;
+
+  explicit LatentEncoder(const Config& c = Config{})
+      : config(c),
+        latents({c.max_positions, c.d_model}),
+        positional_emb(c.max_positions, c.d_model),
+        latent_norm(c.d_model, c.rms_norm_eps),
+        output_norm(c.d_model, c.rms_norm_eps),
+        latent_layers(c.encoder_layers,
+                      Layer{nn::LatentAttention<S>(latent_attention_settings(c)),
+                            nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps)}) {}
+
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    f(prefix + "latents", latents);
+    positional_emb.visit(prefix + "positional_emb.", f);
+    latent_norm.visit(prefix + "latent_norm.", f);
+    output_norm.visit(prefix + "output_norm.", f);
+    for (std::size_t i = 0; i < latent_layers.size(); ++i) {
+      const std::string p = prefix + "latent_layers." + std::to_string(i) + ".";
+      latent_layers[i].latent_attn.visit(p + "latent_attn.", f);
+      latent_layers[i].ffn_latent.visit(p + "ffn_latent.", f);
+    }
+  }
+
+  /// Row form: h, z0: [B*T, d].
+  void forward(Context& ctx, ConstMatRef<S> h, Index B, Index T, MatRef<S> z0) const {
+    Arena::Scope scope(ctx.arena());
+    const Index rows = B * T, d = config.d_model;
+    MatrixMap<S> e(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d] context
+    MatrixMap<S> z(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d] latents
+    MatrixMap<S> out(ctx.arena().allocate<S>(rows * d), rows, d);  // [B*T, d]
+    e = h;
+    positional_emb.add_to(ctx, T, e);
+    latent_norm.forward(ctx, latents.matrix().topRows(T), z.topRows(T));  // RMSNorm(latents[:T])
+    for (Index b = 1; b < B; ++b) z.middleRows(b * T, T) = z.topRows(T);
+    for (const auto& layer : latent_layers) {
+      layer.latent_attn.forward(ctx, e, T, z, B, T, out);
+      z += out;
+      layer.ffn_latent.forward(ctx, z, out);
+      z += out;
+    }
+    output_norm.forward(ctx, z, z0);
+    check_finite<S>(ctx, "encoder", "latents", z0);
+  }
+
+  /// features [B, T, d] -> latents [B, T, d].
+  Tensor3<S> forward(Context& ctx, const Tensor3<S>& features) const {
+    check_activation("encoder", "features", features, config.d_model, config.max_positions);
+    Tensor3<S> z0(features.dimension(0), features.dimension(1), config.d_model);
+    forward(ctx, as_matrix(features), features.dimension(0), features.dimension(1), as_matrix(z0));
+    return z0;
+  }
+};
+
+template <class S = float>
+class LatentDecoder {
+ public:
+  struct Layer {
+    nn::LatentAttention<S> latent_attn;
+    nn::ScaleMask<S> attn_scale;
+    nn::PerceiverFFN<S> ffn_latent;
+    nn::ScaleMask<S> ffn_scale;
+  };
+
+  Config config;
+  Parameter<S> mask_vector;  // [d], frozen copy of GPT-2's mask-token row
+  nn::PositionalEmbedding<S> positional_emb;
+  nn::PerceiverFFN<S> embedding_ffn;
+  nn::ScaleMask<S> scale_embedding;
+  std::vector<Layer> layers;
+
+  explicit LatentDecoder(const Config& c = Config{})
+      : config(c),
+        mask_vector({c.d_model}, Role::frozen),
+        positional_emb(c.max_positions, c.d_model),
+        embedding_ffn(c.d_model, c.mlp_hidden(), c.layer_norm_eps),
+        layers(c.latent_decoder_layers,
+               Layer{nn::LatentAttention<S>(latent_attention_settings(c)), nn::ScaleMask<S>{},
+                     nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps), nn::ScaleMask<S>{}}) {}
+
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    f(prefix + "mask_vector", mask_vector);
+    positional_emb.visit(prefix + "positional_emb.", f);
+    embedding_ffn.visit(prefix + "embedding_ffn.", f);
+    scale_embedding.visit(prefix + "scale_embedding.", f);
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const std::string p = prefix + "layers." + std::to_string(i) + ".";
+      layers[i].latent_attn.visit(p + "latent_attn.", f);
+      layers[i].attn_scale.visit(p + "attn_scale.", f);
+      layers[i].ffn_latent.visit(p + "ffn_latent.", f);
+      layers[i].ffn_scale.visit(p + "ffn_scale.", f);
+    }
+  }
+
+  /// Row form: z, hidden: [B*T, d].
+  void forward(Context& ctx, ConstMatRef<S> z, Index B, Index T, MatRef<S> hidden) const {
+    Arena::Scope scope(ctx.arena());
+    const Index rows = B * T, d = config.d_model;
+    MatrixMap<S> c(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d] context
+    MatrixMap<S> out(ctx.arena().allocate<S>(rows * d), rows, d);  // [B*T, d]
+    MatrixMap<S> query(ctx.arena().allocate<S>(d), 1, d);          // [1, d]
+    MatrixMap<S> x(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d] queries
+    // Every query is the mask vector, through the FFN and the ScaleMask, plus positions.
+    embedding_ffn.forward(ctx, mask_vector.matrix(), query);
+    scale_embedding.forward(ctx, query, query);
+    x.rowwise() = query.row(0);
+    positional_emb.add_to(ctx, T, x);
+    c = z;
+    positional_emb.add_to(ctx, T, c);
+    for (const auto& layer : layers) {
+      layer.latent_attn.forward(ctx, c, T, x, B, T, out);
+      layer.attn_scale.forward(ctx, out, out);
+      x += out;
+      layer.ffn_latent.forward(ctx, x, out);
+      layer.ffn_scale.forward(ctx, out, out);
+      x += out;
+    }
+    hidden = x;
+    check_finite<S>(ctx, "latent_decoder", "hidden", hidden);
+  }
+
+  /// latents [B, T, d] -> hidden [B, T, d].
+  Tensor3<S> forward(Context& ctx, const Tensor3<S>& latents) const {
+    check_activation("latent_decoder", "latents", latents, config.d_model, config.max_positions);
+    Tensor3<S> hidden(latents.dimension(0), latents.dimension(1), config.d_model);
+    forward(ctx, as_matrix(latents), latents.dimension(0), latents.dimension(1), as_matrix(hidden));
+    return hidden;
+  }
+};
+
+}  // namespace ldlm

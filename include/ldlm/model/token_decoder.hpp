@@ -1,0 +1,96 @@
+// The token decoder (spec 3.4): pre-norm blocks with rotary self-attention and
+// SwiGLU, then a gain-only norm and a bias-free vocabulary head.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ldlm/model/common.hpp"
+#include "ldlm/model/config.hpp"
+#include "ldlm/nn/attention.hpp"
+#include "ldlm/nn/mlp.hpp"
+
+namespace ldlm {
+
+inline nn::AttentionSettings token_decoder_attention_settings(const Config& c) {
+  nn::AttentionSettings s;
+  s.d_model = c.d_model;
+  s.heads = c.n_heads;
+  s.head_dim = c.head_dim;
+  s.softcap = c.token_decoder_softcap ? c.softcap : 0.0;
+  s.rotary = c.token_decoder_rotary;
+  s.rotary_interleaved = c.rotary_interleaved;
+  s.rope_base = c.rope_base;
+  return s;
+}
+
+template <class S = float>
+class TokenDecoder {
+ public:
+  struct Block {
+    nn::LayerNormGain<S> norm1, norm2;
+    nn::SelfAttention<S> attn;
+    nn::SwiGLU<S> mlp;
+  };
+
+  Config config;
+  std::vector<Block> blocks;
+  nn::LayerNormGain<S> norm_final;
+  nn::Linear<S> lm_head;  // [V, d], no bias
+
+  explicit TokenDecoder(const Config& c = Config{})
+      : config(c),
+        blocks(c.token_decoder_layers,
+               Block{nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps), nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps),
+                     nn::SelfAttention<S>(token_decoder_attention_settings(c)),
+                     nn::SwiGLU<S>(c.d_model, c.token_decoder_mlp_hidden)}),
+        norm_final(c.d_model, c.layer_norm_eps),
+        lm_head(c.d_model, c.vocab_size, false) {}
+
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const std::string p = prefix + "blocks." + std::to_string(i) + ".";
+      blocks[i].norm1.visit(p + "norm1.", f);
+      blocks[i].attn.visit(p + "attn.", f);
+      blocks[i].norm2.visit(p + "norm2.", f);
+      blocks[i].mlp.visit(p + "mlp.", f);
+    }
+    norm_final.visit(prefix + "norm_final.", f);
+    lm_head.visit(prefix + "lm_head.", f);
+  }
+
+  /// Row form: hidden [B*T, d] -> logits [B*T, V].
+  void forward(Context& ctx, ConstMatRef<S> hidden, Index B, Index T, MatRef<S> logits) const {
+    Arena::Scope scope(ctx.arena());
+    const Index rows = B * T, d = config.d_model;
+    MatrixMap<S> x(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d]
+    MatrixMap<S> y(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d]
+    MatrixMap<S> out(ctx.arena().allocate<S>(rows * d), rows, d);  // [B*T, d]
+    RotaryTable<S> rotary;
+    if (config.token_decoder_rotary) rotary = make_rotary_table<S>(ctx.arena(), T, config.head_dim, config.rope_base);
+    x = hidden;
+    for (const auto& block : blocks) {
+      block.norm1.forward(ctx, x, y);
+      block.attn.forward(ctx, y, B, T, config.token_decoder_rotary ? &rotary : nullptr, out);
+      x += out;
+      block.norm2.forward(ctx, x, y);
+      block.mlp.forward(ctx, y, out);
+      x += out;
+    }
+    norm_final.forward(ctx, x, y);
+    lm_head.forward(ctx, y, logits);
+    check_finite<S>(ctx, "token_decoder", "logits", logits);
+  }
+
+  /// hidden [B, T, d] -> logits [B, T, V].
+  Tensor3<S> forward(Context& ctx, const Tensor3<S>& hidden) const {
+    check_activation("token_decoder", "hidden", hidden, config.d_model, config.max_positions);
+    const Index B = hidden.dimension(0), T = hidden.dimension(1);
+    Tensor3<S> logits(B, T, config.vocab_size);
+    forward(ctx, as_matrix(hidden), B, T, as_matrix(logits));
+    return logits;
+  }
+};
+
+}  // namespace ldlm

@@ -1,0 +1,120 @@
+// Feed-forward blocks. Each writes y (the residual add is the caller's); hidden
+// activations live in the context's arena.
+#pragma once
+
+#include <string>
+
+#include "ldlm/nn/linear.hpp"
+#include "ldlm/nn/norm.hpp"
+#include "ldlm/ops/activation.hpp"
+
+namespace ldlm::nn {
+
+/// Perceiver FFN: LayerNorm → Linear(d, h) → GELU(erf) → Dropout → Linear(h, d),
+/// named ffd.0, ffd.1, ffd.4.
+template <class S = float>
+struct PerceiverFFN {
+  LayerNorm<S> norm;
+  Linear<S> up, down;
+
+  PerceiverFFN() = default;
+  PerceiverFFN(Index d, Index hidden, double eps) : norm(d, eps), up(d, hidden, true), down(hidden, d, true) {}
+
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    norm.visit(prefix + "ffd.0.", f);
+    up.visit(prefix + "ffd.1.", f);
+    down.visit(prefix + "ffd.4.", f);
+  }
+
+  /// y must not alias x.
+  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
+    Arena::Scope scope(ctx.arena());
+    const Index rows = x.rows(), hidden = up.out_features();
+    MatrixMap<S> n(ctx.arena().allocate<S>(rows * x.cols()), rows, x.cols());  // [rows, d]
+    MatrixMap<S> h(ctx.arena().allocate<S>(rows * hidden), rows, hidden);      // [rows, h]
+    norm.forward(ctx, x, n);
+    up.forward(ctx, n, h);
+    gelu_erf_inplace(h.data(), h.size());
+    down.forward(ctx, h, y);
+  }
+};
+
+/// SwiGLU: down(silu(gate(x)) ⊙ up(x)), no biases.
+template <class S = float>
+struct SwiGLU {
+  Linear<S> gate_proj, up_proj, down_proj;
+
+  SwiGLU() = default;
+  SwiGLU(Index d, Index hidden) : gate_proj(d, hidden, false), up_proj(d, hidden, false), down_proj(hidden, d, false) {}
+
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    gate_proj.visit(prefix + "gate_proj.", f);
+    up_proj.visit(prefix + "up_proj.", f);
+    down_proj.visit(prefix + "down_proj.", f);
+  }
+
+  /// y must not alias x.
+  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
+    Arena::Scope scope(ctx.arena());
+    const Index rows = x.rows(), hidden = gate_proj.out_features();
+    MatrixMap<S> g(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
+    MatrixMap<S> u(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
+    gate_proj.forward(ctx, x, g);
+    up_proj.forward(ctx, x, u);
+    silu_inplace(g.data(), g.size());
+    g.array() *= u.array();
+    down_proj.forward(ctx, g, y);
+  }
+};
+
+/// Linear → GELU(tanh) → Linear with biases: the denoiser MLP (mlp.0, mlp.2).
+template <class S = float>
+struct GeluMLP {
+  Linear<S> fc1, fc2;
+
+  GeluMLP() = default;
+  GeluMLP(Index d, Index hidden) : fc1(d, hidden, true), fc2(hidden, d, true) {}
+
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    fc1.visit(prefix + "0.", f);
+    fc2.visit(prefix + "2.", f);
+  }
+
+  /// y must not alias x.
+  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
+    Arena::Scope scope(ctx.arena());
+    MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * fc1.out_features()), x.rows(), fc1.out_features());  // [rows, h]
+    fc1.forward(ctx, x, h);
+    gelu_tanh_inplace(h.data(), h.size());
+    fc2.forward(ctx, h, y);
+  }
+};
+
+/// GPT-2 MLP: Conv1D c_fc → GELU(tanh) → Conv1D c_proj.
+template <class S = float>
+struct GPT2MLP {
+  Conv1D<S> c_fc, c_proj;
+
+  GPT2MLP() = default;
+  GPT2MLP(Index d, Index hidden, Role role) : c_fc(d, hidden, role), c_proj(hidden, d, role) {}
+
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    c_fc.visit(prefix + "c_fc.", f);
+    c_proj.visit(prefix + "c_proj.", f);
+  }
+
+  /// y must not alias x.
+  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
+    Arena::Scope scope(ctx.arena());
+    MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * c_fc.out_features()), x.rows(), c_fc.out_features());  // [rows, h]
+    c_fc.forward(ctx, x, h);
+    gelu_tanh_inplace(h.data(), h.size());
+    c_proj.forward(ctx, h, y);
+  }
+};
+
+}  // namespace ldlm::nn

@@ -1,0 +1,37 @@
+// Element-wise activations, in place over a contiguous range (vectorised by Eigen).
+#pragma once
+
+#include <unsupported/Eigen/SpecialFunctions>
+
+#include <cmath>
+
+#include "ldlm/core/tensor.hpp"
+
+namespace ldlm {
+
+template <class S>
+using ArrayMap = Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>;
+
+/// Exact GELU: x · Φ(x) = 0.5 x (1 + erf(x / √2)). Used by the Perceiver FFNs.
+template <class S>
+void gelu_erf_inplace(S* x, Index n) {
+  ArrayMap<S> a(x, n);
+  a = S(0.5) * a * (S(1) + (a * S(M_SQRT1_2)).erf());
+}
+
+/// Tanh-approximate GELU, as in GPT-2 and the denoiser MLP.
+template <class S>
+void gelu_tanh_inplace(S* x, Index n) {
+  ArrayMap<S> a(x, n);
+  const S k = S(0.7978845608028654);  // sqrt(2 / pi)
+  a = S(0.5) * a * (S(1) + (k * (a + S(0.044715) * a.cube())).tanh());
+}
+
+/// SiLU: x · sigmoid(x).
+template <class S>
+void silu_inplace(S* x, Index n) {
+  ArrayMap<S> a(x, n);
+  a = a / (S(1) + (-a).exp());
+}
+
+}  // namespace ldlm

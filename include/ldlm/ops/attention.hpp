@@ -1,0 +1,79 @@
+// Scaled dot-product attention over many heads, tile by tile. For each (batch,
+// head, tile of queries) one task computes the tile's scores against every key
+// with a GEMM, caps and normalises them, and multiplies by V; a task holds at most
+// kQueryTile × Tk scores, in scratch reserved once per call.
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "ldlm/core/context.hpp"
+#include "ldlm/ops/linear.hpp"
+
+namespace ldlm {
+
+struct AttentionShape {
+  Index batch = 1;
+  Index q_len = 0;   // Tq: query rows per batch element
+  Index kv_len = 0;  // Tk: key/value rows per batch element
+  Index heads = 1;
+  Index head_dim = 1;
+};
+
+struct AttentionOptions {
+  double softcap = 0.0;  // c · tanh(s / c) after the 1/sqrt(hd) scale; 0 disables it
+  bool causal = false;   // query i sees keys j <= i (requires Tq == Tk)
+};
+
+/// One head's columns [h*hd, (h+1)*hd) of a row-major matrix whose rows are (b, t).
+template <class S>
+struct HeadRows {
+  const S* data;
+  Index row_stride;  // elements between consecutive rows
+};
+
+/// out[b*Tq + i, h*hd : (h+1)*hd] = Σ_j softmax_j(cap(q_i · k_j / √hd)) v_j for all b, h.
+/// q, k, v and out carry their own row strides (so q, k, v may be column blocks
+/// of one fused projection). out must not alias q, k or v.
+template <class S>
+void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out, Index out_stride,
+               const AttentionShape& shape, const AttentionOptions& options) {
+  constexpr Index kQueryTile = 64;
+  const Index B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, H = shape.heads, hd = shape.head_dim;
+  if (options.causal && Tq != Tk)
+    throw ShapeError("attention: causal attention needs as many queries as keys, got Tq = " + std::to_string(Tq) +
+                     ", Tk = " + std::to_string(Tk));
+  if (Tq == 0 || Tk == 0) return;
+  const Index tiles = (Tq + kQueryTile - 1) / kQueryTile;
+  const S scale = S(1) / std::sqrt(static_cast<S>(hd));
+  const S cap = static_cast<S>(options.softcap);
+
+  Arena::Scope scope(ctx.arena());
+  S* scratch = ctx.arena().allocate<S>(static_cast<std::size_t>(ctx.threads()) * kQueryTile * Tk);
+
+  ctx.pool().parallel_for(B * H * tiles, [&](Index task, int worker) {
+    const Index tile = task % tiles, h = (task / tiles) % H, b = task / (tiles * H);
+    const Index i0 = tile * kQueryTile, rows = std::min(kQueryTile, Tq - i0);
+    // Causal tiles only need keys up to their last query.
+    const Index keys = options.causal ? i0 + rows : Tk;
+    ConstStridedMap<S> Q(q.data + (b * Tq + i0) * q.row_stride + h * hd, rows, hd, Eigen::OuterStride<>(q.row_stride));
+    ConstStridedMap<S> K(k.data + b * Tk * k.row_stride + h * hd, keys, hd, Eigen::OuterStride<>(k.row_stride));
+    ConstStridedMap<S> V(v.data + b * Tk * v.row_stride + h * hd, keys, hd, Eigen::OuterStride<>(v.row_stride));
+    StridedMap<S> O(out + (b * Tq + i0) * out_stride + h * hd, rows, hd, Eigen::OuterStride<>(out_stride));
+    MatrixMap<S> P(scratch + static_cast<Index>(worker) * kQueryTile * Tk, rows, keys);  // [rows, keys]
+
+    P.noalias() = (Q * scale) * K.transpose();
+    if (cap > S(0)) P = (P.array() / cap).tanh().matrix() * cap;
+    if (options.causal)
+      for (Index r = 0; r < rows; ++r)
+        P.row(r).tail(keys - (i0 + r + 1)).setConstant(-std::numeric_limits<S>::infinity());
+    for (Index r = 0; r < rows; ++r) {
+      auto row = P.row(r).array();
+      row = (row - row.maxCoeff()).exp();
+      row /= row.sum();
+    }
+    O.noalias() = P * V;
+  });
+}
+
+}  // namespace ldlm

@@ -1,0 +1,91 @@
+// Normalisations over the last axis of a row-major [rows, n] matrix. Each row is
+// read completely before it is written, so y may alias x (in-place is allowed).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+
+#include "ldlm/core/context.hpp"
+#include "ldlm/ops/linear.hpp"
+
+namespace ldlm {
+
+namespace detail {
+/// Runs f(row) for every row, in chunks over the context's threads.
+template <class F>
+void for_each_row(Context& ctx, Index rows, F&& f) {
+  constexpr Index kRowsPerTask = 32;
+  const Index tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+  ctx.pool().parallel_for(tasks, [&](Index task, int) {
+    const Index end = std::min(rows, (task + 1) * kRowsPerTask);
+    for (Index r = task * kRowsPerTask; r < end; ++r) f(r);
+  });
+}
+
+inline void check_norm_shapes(const char* op, Index x_cols, Index y_rows, Index x_rows, Index y_cols, Index gain) {
+  if (x_cols != gain || y_cols != x_cols || y_rows != x_rows)
+    throw ShapeError(std::string(op) + ": x [" + std::to_string(x_rows) + ", " + std::to_string(x_cols) +
+                     "], weight [" + std::to_string(gain) + "], y [" + std::to_string(y_rows) + ", " +
+                     std::to_string(y_cols) + "] do not fit");
+}
+}  // namespace detail
+
+/// Gain-only LayerNorm computed in float32 whatever S is:
+/// y = γ ⊙ (x − μ) / sqrt(σ² + ε), biased σ². Matches F.layer_norm(x.float(), [n]) * γ.
+template <class S>
+void layer_norm_gain(Context& ctx, ConstMatRef<S> x, const S* gamma, float eps, MatRef<S> y) {
+  const Index n = x.cols();
+  detail::check_norm_shapes("layer_norm_gain", n, y.rows(), x.rows(), y.cols(), n);
+  ConstRowVectorMap<S> g(gamma, n);
+  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+    Eigen::Matrix<float, 1, Eigen::Dynamic> row = x.row(r).template cast<float>();  // [n]
+    const float mean = row.mean();
+    row.array() -= mean;
+    const float inv_std = 1.0f / std::sqrt(row.squaredNorm() / static_cast<float>(n) + eps);
+    y.row(r) = (row * inv_std).template cast<S>().cwiseProduct(g);
+  });
+}
+
+/// torch.nn.LayerNorm with weight and bias, computed in S.
+template <class S>
+void layer_norm(Context& ctx, ConstMatRef<S> x, const S* gamma, const S* beta, S eps, MatRef<S> y) {
+  const Index n = x.cols();
+  detail::check_norm_shapes("layer_norm", n, y.rows(), x.rows(), y.cols(), n);
+  ConstRowVectorMap<S> g(gamma, n), b(beta, n);
+  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+    const S mean = x.row(r).mean();
+    const S var = (x.row(r).array() - mean).square().mean();
+    const S inv_std = S(1) / std::sqrt(var + eps);
+    y.row(r) = ((x.row(r).array() - mean) * inv_std).matrix().cwiseProduct(g) + b;
+  });
+}
+
+/// Cosmos RMSNorm: y = x / max(‖x‖₂ · n^-1/2, ε) ⊙ γ (a clamp of the RMS, not sqrt(mean + ε)).
+template <class S>
+void rms_norm(Context& ctx, ConstMatRef<S> x, const S* gamma, S eps, MatRef<S> y) {
+  const Index n = x.cols();
+  detail::check_norm_shapes("rms_norm", n, y.rows(), x.rows(), y.cols(), n);
+  ConstRowVectorMap<S> g(gamma, n);
+  const S inv_sqrt_n = S(1) / std::sqrt(static_cast<S>(n));
+  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+    const S rms = std::max(x.row(r).norm() * inv_sqrt_n, eps);
+    y.row(r) = (x.row(r) / rms).cwiseProduct(g);
+  });
+}
+
+/// RMSNorm applied to each head's slice of hd features (q/k-norm), in place over
+/// columns [col0, col0 + heads*hd) of every row.
+template <class S>
+void rms_norm_heads_inplace(Context& ctx, MatRef<S> x, Index col0, Index heads, const S* gamma, Index hd, S eps) {
+  ConstRowVectorMap<S> g(gamma, hd);
+  const S inv_sqrt_n = S(1) / std::sqrt(static_cast<S>(hd));
+  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+    for (Index h = 0; h < heads; ++h) {
+      auto seg = x.row(r).segment(col0 + h * hd, hd);
+      const S rms = std::max(seg.norm() * inv_sqrt_n, eps);
+      seg = (seg / rms).cwiseProduct(g);
+    }
+  });
+}
+
+}  // namespace ldlm

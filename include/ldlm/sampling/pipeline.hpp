@@ -1,0 +1,96 @@
+// The end-to-end pipeline of spec section 1 over an LDLM:
+//   encode:      tokens -> GPT-2 features -> latent encoder -> latents
+//   decode:      latents -> latent decoder -> hidden -> token decoder -> logits -> argmax
+//   reconstruct: encode, then decode
+//   generate:    x_1 ~ N(0, I) -> N denoiser steps (sampler.hpp) -> decode
+// Each stage needs only the modules it runs to be loaded or initialised:
+// generate uses the denoiser, latent_decoder and token_decoder; encode uses the
+// feature_model and encoder.
+#pragma once
+
+#include "ldlm/model/model.hpp"
+#include "ldlm/sampling/sampler.hpp"
+
+namespace ldlm {
+
+template <class S>
+struct Decoded {
+  Tensor3<S> hidden;  // [B, T, d], latent decoder output (≈ GPT-2 features)
+  Tensor3<S> logits;  // [B, T, V]
+  TokenTensor tokens;  // [B, T], argmax of logits (lowest id on ties)
+};
+
+template <class S>
+struct Reconstruction {
+  Tensor3<S> features;  // [B, T, d]
+  Tensor3<S> latents;   // [B, T, d]
+  Tensor3<S> hidden;    // [B, T, d]
+  Tensor3<S> logits;    // [B, T, V]
+  TokenTensor tokens;   // [B, T]
+};
+
+/// Row-wise argmax of logits [rows, V] into ids; ties go to the lowest id, like torch.argmax.
+template <class S>
+void argmax_rows(ConstMatRef<S> logits, std::int64_t* ids) {
+  for (Index r = 0; r < logits.rows(); ++r) {
+    Index best = 0;
+    for (Index v = 1; v < logits.cols(); ++v)
+      if (logits(r, v) > logits(r, best)) best = v;
+    ids[r] = static_cast<std::int64_t>(best);
+  }
+}
+
+/// Runs the LDLM stages. Holds a reference: the model must outlive the pipeline.
+template <class S = float>
+class Pipeline {
+ public:
+  explicit Pipeline(const LDLM<S>& model) : model_(&model) {}
+  explicit Pipeline(const LDLM<S>&&) = delete;  // would dangle
+
+  const LDLM<S>& model() const { return *model_; }
+
+  /// tokens [B, T] -> latents z0 [B, T, d].
+  Tensor3<S> encode(Context& ctx, const TokenTensor& tokens) const {
+    return model_->encoder.forward(ctx, model_->feature_model.forward(ctx, tokens));
+  }
+
+  /// latents [B, T, d] -> hidden, logits and argmax tokens.
+  Decoded<S> decode(Context& ctx, const Tensor3<S>& latents) const {
+    Decoded<S> out;
+    out.hidden = model_->latent_decoder.forward(ctx, latents);
+    out.logits = model_->token_decoder.forward(ctx, out.hidden);
+    out.tokens = TokenTensor(latents.dimension(0), latents.dimension(1));
+    argmax_rows<S>(as_matrix(out.logits), out.tokens.data());
+    return out;
+  }
+
+  /// tokens -> every intermediate of encode-then-decode.
+  Reconstruction<S> reconstruct(Context& ctx, const TokenTensor& tokens) const {
+    Reconstruction<S> r;
+    r.features = model_->feature_model.forward(ctx, tokens);
+    r.latents = model_->encoder.forward(ctx, r.features);
+    Decoded<S> d = decode(ctx, r.latents);
+    r.hidden = std::move(d.hidden);
+    r.logits = std::move(d.logits);
+    r.tokens = std::move(d.tokens);
+    return r;
+  }
+
+  /// Samples latents [B, T, d] with the denoiser (see sample_latents in sampler.hpp).
+  Tensor3<S> sample(Context& ctx, Index B, Index T, const SamplerOptions& options) const {
+    check_sampling_arguments("generate", model_->config, B, T, options.steps);
+    return sample_latents(ctx, model_->denoiser, B, T, options);
+  }
+
+  /// B sequences of T tokens: sample, then decode. Throws InvalidArgument for B < 1,
+  /// T outside [1, max_positions] or steps < 1, SamplingCancelled if the progress
+  /// callback returns false.
+  TokenTensor generate(Context& ctx, Index B, Index T, const SamplerOptions& options) const {
+    return decode(ctx, sample(ctx, B, T, options)).tokens;
+  }
+
+ private:
+  const LDLM<S>* model_;
+};
+
+}  // namespace ldlm

@@ -1,0 +1,50 @@
+# cmake -P script run by the ldlm_consumer_install test (fixture setup):
+# configures ldlm's source tree afresh with only the library, then installs it
+# into PREFIX. Header-only, so this compiles nothing and takes seconds.
+#
+# Inputs (-D): LDLM_SOURCE_DIR, WORK_DIR, PREFIX, GENERATOR, CXX_COMPILER, USE_BLAS
+foreach(var LDLM_SOURCE_DIR WORK_DIR PREFIX GENERATOR)
+  if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
+    message(FATAL_ERROR "install-ldlm.cmake: ${var} is not set")
+  endif()
+endforeach()
+if(NOT DEFINED USE_BLAS)
+  set(USE_BLAS OFF)
+endif()
+
+file(REMOVE_RECURSE "${WORK_DIR}" "${PREFIX}")
+
+set(configure_args
+  -S "${LDLM_SOURCE_DIR}" -B "${WORK_DIR}" -G "${GENERATOR}"
+  -DCMAKE_BUILD_TYPE=Release
+  "-DCMAKE_INSTALL_PREFIX=${PREFIX}"
+  -DLDLM_BUILD_TESTS=OFF
+  -DLDLM_BUILD_BENCHMARKS=OFF
+  -DLDLM_BUILD_EXAMPLES=OFF
+  -DLDLM_BUILD_TOOLS=OFF
+  -DLDLM_NATIVE=OFF
+  "-DLDLM_USE_BLAS=${USE_BLAS}")
+if(CXX_COMPILER)
+  list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+endif()
+
+function(run)
+  string(JOIN " " printable ${ARGN})
+  message(STATUS "+ ${printable}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "command failed (${rc}): ${printable}")
+  endif()
+endfunction()
+
+run("${CMAKE_COMMAND}" ${configure_args})
+run("${CMAKE_COMMAND}" --build "${WORK_DIR}")
+run("${CMAKE_COMMAND}" --install "${WORK_DIR}")
+
+foreach(f include/ldlm/ldlm.hpp share/cmake/ldlm/ldlmConfig.cmake
+          share/cmake/ldlm/ldlmConfigVersion.cmake share/cmake/ldlm/ldlmTargets.cmake)
+  if(NOT EXISTS "${PREFIX}/${f}")
+    message(FATAL_ERROR "install-ldlm.cmake: ${PREFIX}/${f} was not installed")
+  endif()
+endforeach()
+message(STATUS "ldlm installed into ${PREFIX}")

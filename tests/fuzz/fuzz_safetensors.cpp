@@ -1,0 +1,25 @@
+// libFuzzer target for the safetensors reader: validation of hostile headers and
+// reading every tensor of whatever passes. Only ldlm::Error may escape the
+// library; anything else (a crash, a sanitizer report, std::bad_alloc, a
+// nlohmann exception leaking through) is a bug.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ldlm/io/safetensors.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const auto* p = reinterpret_cast<const std::byte*>(data);
+  try {
+    const auto file = ldlm::SafetensorsFile::from_buffer(std::vector<std::byte>(p, p + size));
+    for (const auto& t : file.tensors()) {
+      const auto values = file.read<float>(t.name);
+      if (static_cast<std::int64_t>(values.size()) != t.numel()) __builtin_trap();
+      if (file.bytes(t.name).size() != t.size) __builtin_trap();
+    }
+    (void)file.metadata();
+  } catch (const ldlm::Error&) {
+    // Rejected input: expected.
+  }
+  return 0;
+}

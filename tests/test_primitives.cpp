@@ -1,0 +1,353 @@
+// Parity of every primitive with its PyTorch dump in tests/data/primitives, and
+// proof that the dumps catch the classic bugs: a swapped GELU, a dropped d^-1/2
+// position scale, sqrt(mean + eps) instead of the RMS clamp, the interleaved
+// rotary pairing. Several primitives also run with S = double: the scalar is a
+// template parameter and must work for both.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/ldlm.hpp"
+#include "support/reference.hpp"
+
+namespace {
+
+using namespace ldlm;
+using ldlm::test::matches_reference;
+using ldlm::test::max_abs_diff;
+using ldlm::test::open_reference;
+using ldlm::test::read_tensor;
+using ldlm::test::Tolerance;
+
+// The float32 target for every primitive: |got - ref| <= 1e-5 + 1e-5·|ref|. No case
+// needs more. With S = double the inputs and parameters are the same float32 values,
+// so the only difference from the float32 reference is the reference's own float32
+// rounding, which this tolerance covers too.
+constexpr Tolerance kTol{1e-5, 1e-5};
+// A planted bug must move the result by far more than the tolerance: at least 100×.
+constexpr double kBugGap = 100 * kTol.atol;
+
+/// Fills every parameter of `module` from the dump's `param.<name>` tensors; every
+/// param.* tensor must be claimed (strict loading), so a misnamed parameter fails.
+template <class M>
+void load_case_parameters(M& module, const SafetensorsFile& file, bool reject_unexpected = true) {
+  LoadOptions options;
+  options.scope = "param.";
+  options.reject_unexpected = reject_unexpected;
+  load_parameters(module, file, "param.", options);
+}
+
+/// Asserts parity and records the maximum error as a test property (visible in
+/// --gtest_output=xml/json) so the observed margins are on file.
+template <class S, int Rank>
+void expect_matches(const Tensor<S, Rank>& got, const SafetensorsFile& file, const std::string& name,
+                    const std::string& variant = "") {
+  const auto result = matches_reference(got, file, name, kTol);
+  EXPECT_TRUE(result) << "case " << file.metadata().at("case") << variant;
+  if (result) ::testing::Test::RecordProperty(name + variant, result.message());
+}
+
+template <class S, int Rank>
+Tensor<S, Rank> zeros_like(const Tensor<S, Rank>& t) {
+  Tensor<S, Rank> z(t.dimensions());
+  z.setZero();
+  return z;
+}
+
+// ------------------------------------------------------------------ normalisation
+
+template <class S>
+void check_layer_norm_gain() {
+  const auto file = open_reference("primitives/layer_norm_gain.safetensors");
+  nn::LayerNormGain<S> norm(768, 1e-5);
+  load_case_parameters(norm, file);
+  const auto x = read_tensor<S, 3>(file, "input.x");
+  auto y = zeros_like(x);
+  Context ctx;
+  norm.forward(ctx, as_matrix(x), as_matrix(y));
+  expect_matches(y, file, "output.y", std::is_same_v<S, double> ? " (double)" : "");
+}
+
+TEST(LayerNormGain, MatchesReferenceAtD768) { check_layer_norm_gain<float>(); }
+TEST(LayerNormGain, MatchesReferenceWithDoubleScalar) { check_layer_norm_gain<double>(); }
+
+TEST(LayerNormGain, HasExactlyOneGainPerFeature) {
+  const nn::LayerNormGain<float> norm(768, 1e-5);
+  const ParameterCounts counts = count_parameters(norm);
+  EXPECT_EQ(counts.total(), 768);
+  EXPECT_EQ(counts.trained, 768);
+}
+
+TEST(LayerNormBias, MatchesReference) {
+  const auto file = open_reference("primitives/layer_norm_bias.safetensors");
+  nn::LayerNorm<float> norm(48, 1e-5);
+  load_case_parameters(norm, file);
+  const auto x = read_tensor<float, 3>(file, "input.x");
+  auto y = zeros_like(x);
+  Context ctx;
+  norm.forward(ctx, as_matrix(x), as_matrix(y));
+  expect_matches(y, file, "output.y");
+}
+
+template <class S>
+void check_rms_norm() {
+  const auto file = open_reference("primitives/rms_norm.safetensors");
+  nn::RMSNorm<S> norm(48, 1e-5);
+  load_case_parameters(norm, file);
+  const auto x = read_tensor<S, 3>(file, "input.x");
+  auto y = zeros_like(x);
+  Context ctx;
+  norm.forward(ctx, as_matrix(x), as_matrix(y));
+  expect_matches(y, file, "output.y", std::is_same_v<S, double> ? " (double)" : "");
+}
+
+TEST(RmsNorm, MatchesReference) { check_rms_norm<float>(); }
+TEST(RmsNorm, MatchesReferenceWithDoubleScalar) { check_rms_norm<double>(); }
+
+// Row [1, 3] of the input is scaled by 1e-7 so its RMS is below eps: only the clamp
+// max(rms, eps) reproduces it; sqrt(mean + eps) or an unclamped rms would not.
+TEST(RmsNorm, ClampedRowMatchesAndTheClampIsLive) {
+  const auto file = open_reference("primitives/rms_norm.safetensors");
+  nn::RMSNorm<float> norm(48, 1e-5);
+  load_case_parameters(norm, file);
+  const auto x = read_tensor<float, 3>(file, "input.x");
+  const auto ref = read_tensor<float, 3>(file, "output.y");
+  constexpr Index kClampedRow = 1 * 7 + 3;
+  const auto xm = as_matrix(x);
+  ASSERT_LT(xm.row(kClampedRow).norm() / std::sqrt(48.0f), norm.eps) << "the dump's clamp row is not clamped";
+
+  Tensor2<float> y(1, 48);
+  Context ctx;
+  norm.forward(ctx, xm.middleRows(kClampedRow, 1), as_matrix(y));
+  const Tensor2<float> ref_row = ref.chip(1, 0).chip(3, 0).reshape(std::array<Index, 2>{1, 48});
+  EXPECT_TRUE(ldlm::test::all_close("output.y[1, 3]", y.data(), ref_row.data(), Shape{1, 48}, kTol));
+
+  // The two classic alternatives land far from the reference on this row.
+  const auto row = xm.row(kClampedRow);
+  const float mean_square = row.squaredNorm() / 48.0f;
+  Tensor2<float> wrong_sqrt(1, 48), unclamped(1, 48);
+  for (Index i = 0; i < 48; ++i) {
+    wrong_sqrt(0, i) = row(i) / std::sqrt(mean_square + norm.eps) * norm.gamma.data()[i];
+    unclamped(0, i) = row(i) / std::sqrt(mean_square) * norm.gamma.data()[i];
+  }
+  EXPECT_GT(max_abs_diff(wrong_sqrt, ref_row), kBugGap);
+  EXPECT_GT(max_abs_diff(unclamped, ref_row), kBugGap);
+}
+
+// ------------------------------------------------------------------------- linear
+
+template <class S>
+void check_linear_free_function() {
+  const auto file = open_reference("primitives/linear.safetensors");
+  const auto x = read_tensor<S, 3>(file, "input.x");
+  const auto w = read_tensor<S, 2>(file, "param.weight");
+  const auto b = read_tensor<S, 1>(file, "param.bias");
+  Tensor3<S> y(2, 7, 40), y_nobias(2, 7, 40);
+  Context ctx;
+  linear<S>(ctx, as_matrix(x), as_matrix(w), b.data(), as_matrix(y));
+  linear<S>(ctx, as_matrix(x), as_matrix(w), nullptr, as_matrix(y_nobias));
+  const std::string variant = std::is_same_v<S, double> ? " (ldlm::linear, double)" : " (ldlm::linear)";
+  expect_matches(y, file, "output.y", variant);
+  expect_matches(y_nobias, file, "output.y_nobias", variant);
+}
+
+TEST(Linear, FreeFunctionWithAndWithoutBias) { check_linear_free_function<float>(); }
+TEST(Linear, FreeFunctionWithDoubleScalar) { check_linear_free_function<double>(); }
+
+TEST(Linear, ModuleWithAndWithoutBias) {
+  const auto file = open_reference("primitives/linear.safetensors");
+  nn::Linear<float> with_bias(24, 40, true), without_bias(24, 40, false);
+  load_case_parameters(with_bias, file);
+  // The bias-free module does not claim param.bias.
+  load_case_parameters(without_bias, file, /*reject_unexpected=*/false);
+  const auto x = read_tensor<float, 3>(file, "input.x");
+  Tensor3<float> y(2, 7, 40), y_nobias(2, 7, 40);
+  Context ctx;
+  with_bias.forward(ctx, as_matrix(x), as_matrix(y));
+  without_bias.forward(ctx, as_matrix(x), as_matrix(y_nobias));
+  expect_matches(y, file, "output.y", " (nn::Linear)");
+  expect_matches(y_nobias, file, "output.y_nobias", " (nn::Linear)");
+}
+
+// -------------------------------------------------------------------- activations
+
+template <class S>
+Tensor1<S> apply_activation(const Tensor1<S>& x, void (*activation)(S*, Index)) {
+  Tensor1<S> y = x;
+  activation(y.data(), y.size());
+  return y;
+}
+
+template <class S>
+void check_activations() {
+  const auto file = open_reference("primitives/activations.safetensors");
+  const auto x = read_tensor<S, 1>(file, "input.x");
+  const std::string variant = std::is_same_v<S, double> ? " (double)" : "";
+  expect_matches(apply_activation<S>(x, gelu_erf_inplace<S>), file, "output.gelu_erf", variant);
+  expect_matches(apply_activation<S>(x, gelu_tanh_inplace<S>), file, "output.gelu_tanh", variant);
+  expect_matches(apply_activation<S>(x, silu_inplace<S>), file, "output.silu", variant);
+}
+
+TEST(Activations, MatchReference) { check_activations<float>(); }
+TEST(Activations, MatchReferenceWithDoubleScalar) { check_activations<double>(); }
+
+// The Perceiver FFN needs the exact (erf) GELU, the denoiser the tanh one: the dump
+// must tell them apart, so swapping them anywhere is caught. The two forms differ by
+// at most ~4.7e-4 (near |x| = 2): ~47× the tolerance, not 100×, hence a gap of its own.
+TEST(Activations, SwappingTheGeluFormsIsCaught) {
+  constexpr double kGeluGap = 20 * kTol.atol;
+  const auto file = open_reference("primitives/activations.safetensors");
+  const auto x = read_tensor<float, 1>(file, "input.x");
+  const auto gelu_erf_ref = read_tensor<float, 1>(file, "output.gelu_erf");
+  const auto gelu_tanh_ref = read_tensor<float, 1>(file, "output.gelu_tanh");
+  const auto tanh_result = apply_activation<float>(x, gelu_tanh_inplace<float>);
+  const auto erf_result = apply_activation<float>(x, gelu_erf_inplace<float>);
+  EXPECT_FALSE(matches_reference(tanh_result, file, "output.gelu_erf", kTol));
+  EXPECT_FALSE(matches_reference(erf_result, file, "output.gelu_tanh", kTol));
+  EXPECT_GT(max_abs_diff(tanh_result, gelu_erf_ref), kGeluGap);
+  EXPECT_GT(max_abs_diff(erf_result, gelu_tanh_ref), kGeluGap);
+}
+
+// ------------------------------------------------------------------ feed-forwards
+
+template <class S>
+void check_swiglu() {
+  const auto file = open_reference("primitives/swiglu.safetensors");
+  nn::SwiGLU<S> mlp(32, 48);
+  load_case_parameters(mlp, file);
+  const auto x = read_tensor<S, 3>(file, "input.x");
+  auto y = zeros_like(x);
+  Context ctx;
+  mlp.forward(ctx, as_matrix(x), as_matrix(y));
+  expect_matches(y, file, "output.y", std::is_same_v<S, double> ? " (double)" : "");
+}
+
+TEST(SwiGLU, MatchesReference) { check_swiglu<float>(); }
+TEST(SwiGLU, MatchesReferenceWithDoubleScalar) { check_swiglu<double>(); }
+
+TEST(PerceiverFFN, MatchesReference) {
+  const auto file = open_reference("primitives/perceiver_ffn.safetensors");
+  nn::PerceiverFFN<float> ffn(32, 128, 1e-5);
+  load_case_parameters(ffn, file);
+  const auto x = read_tensor<float, 3>(file, "input.x");
+  auto y = zeros_like(x);
+  Context ctx;
+  ffn.forward(ctx, as_matrix(x), as_matrix(y));
+  expect_matches(y, file, "output.y");
+}
+
+// ---------------------------------------------------------- modulation and masking
+
+TEST(Modulate, ModulateAndGatedResidualMatchReference) {
+  const auto file = open_reference("primitives/modulate.safetensors");
+  const auto x = read_tensor<float, 3>(file, "input.x");
+  const auto shift = read_tensor<float, 2>(file, "input.shift");
+  const auto scale = read_tensor<float, 2>(file, "input.scale");
+  const auto gate = read_tensor<float, 2>(file, "input.gate");
+  auto residual = read_tensor<float, 3>(file, "input.residual");
+  const Index T = x.dimension(1);
+  auto modulated = zeros_like(x);
+  Context ctx;
+  modulate<float>(ctx, as_matrix(x), as_matrix(shift), as_matrix(scale), T, as_matrix(modulated));
+  gated_residual_add<float>(ctx, as_matrix(residual), as_matrix(gate), as_matrix(x), T);
+  expect_matches(modulated, file, "output.modulated");
+  expect_matches(residual, file, "output.gated");
+
+  // In place, as the denoiser calls it.
+  auto in_place = x;
+  modulate<float>(ctx, as_matrix(in_place), as_matrix(shift), as_matrix(scale), T, as_matrix(in_place));
+  expect_matches(in_place, file, "output.modulated", " (in place)");
+}
+
+TEST(ScaleMask, MatchesReference) {
+  const auto file = open_reference("primitives/scale_mask.safetensors");
+  nn::ScaleMask<float> scale_mask;
+  load_case_parameters(scale_mask, file);
+  const auto x = read_tensor<float, 3>(file, "input.x");
+  auto y = zeros_like(x);
+  Context ctx;
+  scale_mask.forward(ctx, as_matrix(x), as_matrix(y));
+  expect_matches(y, file, "output.y");
+}
+
+// ------------------------------------------------------------ position embeddings
+
+template <class S>
+void check_positions() {
+  const auto file = open_reference("primitives/positions.safetensors");
+  nn::PositionalEmbedding<S> positions(32, 16);
+  load_case_parameters(positions, file);
+  Tensor2<S> pos(7, 16);
+  pos.setZero();
+  Context ctx;
+  positions.add_to(ctx, 7, as_matrix(pos));
+  expect_matches(pos, file, "output.pos", std::is_same_v<S, double> ? " (double)" : "");
+}
+
+TEST(Positions, MatchReference) { check_positions<float>(); }
+TEST(Positions, MatchReferenceWithDoubleScalar) { check_positions<double>(); }
+
+TEST(Positions, DroppingTheScaleIsCaught) {
+  const auto file = open_reference("primitives/positions.safetensors");
+  const auto table = read_tensor<float, 2>(file, "param.emb.weight");
+  const Tensor2<float> unscaled = table.slice(std::array<Index, 2>{0, 0}, std::array<Index, 2>{7, 16});
+  EXPECT_FALSE(matches_reference(unscaled, file, "output.pos", kTol));
+  EXPECT_GT(max_abs_diff(unscaled, read_tensor<float, 2>(file, "output.pos")), kBugGap);
+}
+
+TEST(TimestepEmbedding, CosSinMatchesAndFlipSwitchGivesSinCos) {
+  const auto file = open_reference("primitives/timestep_embedding.safetensors");
+  const auto t = read_tensor<float, 1>(file, "input.t");
+  const Index B = t.dimension(0);
+  Tensor2<float> emb(B, 768), emb_flip(B, 768);
+  timestep_embedding<float>(t.data(), B, 10.0, /*flip=*/false, as_matrix(emb));
+  timestep_embedding<float>(t.data(), B, 10.0, /*flip=*/true, as_matrix(emb_flip));
+  expect_matches(emb, file, "output.emb");
+  expect_matches(emb_flip, file, "output.emb_flip");
+  // The two orders must be distinguishable, or the switch would be untested.
+  EXPECT_GT(max_abs_diff(emb, read_tensor<float, 2>(file, "output.emb_flip")), kBugGap);
+}
+
+// ------------------------------------------------------------------------- rotary
+
+/// The dump's x is [B, H, T, hd]: as a [B*H*T, hd] matrix, row r is position r % T.
+template <class S>
+Tensor4<S> rotate(const Tensor4<S>& x, bool interleaved) {
+  const Index T = x.dimension(2), hd = x.dimension(3);
+  Tensor4<S> y = x;
+  Context ctx;
+  Arena::Scope scope(ctx.arena());
+  const auto table = make_rotary_table<S>(ctx.arena(), T, hd, 10000.0);
+  apply_rotary_inplace<S>(ctx, as_matrix(y), 0, 1, hd, T, table, interleaved);
+  return y;
+}
+
+template <class S>
+void check_rotary() {
+  const auto file = open_reference("primitives/rotary.safetensors");
+  const auto x = read_tensor<S, 4>(file, "input.x");
+  const std::string variant = std::is_same_v<S, double> ? " (double)" : "";
+  expect_matches(rotate(x, false), file, "output.y", variant);
+  expect_matches(rotate(x, true), file, "output.y_interleaved", variant);
+}
+
+TEST(Rotary, HalfSplitAndInterleavedSwitchMatchReference) { check_rotary<float>(); }
+TEST(Rotary, MatchReferenceWithDoubleScalar) { check_rotary<double>(); }
+
+TEST(Rotary, HalfSplitIsTheDefaultAndDiffersFromInterleaved) {
+  const auto file = open_reference("primitives/rotary.safetensors");
+  const auto x = read_tensor<float, 4>(file, "input.x");
+  auto by_default = x;
+  Context ctx;
+  Arena::Scope scope(ctx.arena());
+  const auto table = make_rotary_table<float>(ctx.arena(), 7, 16, 10000.0);
+  apply_rotary_inplace<float>(ctx, as_matrix(by_default), 0, 1, 16, 7, table);
+  expect_matches(by_default, file, "output.y", " (default pairing)");
+  EXPECT_GT(max_abs_diff(by_default, read_tensor<float, 4>(file, "output.y_interleaved")), kBugGap);
+  EXPECT_GT(max_abs_diff(rotate(x, true), read_tensor<float, 4>(file, "output.y")), kBugGap);
+}
+
+}  // namespace

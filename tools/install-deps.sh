@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages ldlm needs, skipping those already installed.
+#
+#   bash tools/install-deps.sh            build + tests + tool + benchmarks
+#   bash tools/install-deps.sh --blas     also OpenBLAS (for the `blas` preset)
+#   bash tools/install-deps.sh --python   also PyTorch/NumPy/Matplotlib, only needed
+#                                         to regenerate tests/data or compare benchmarks
+#
+# Runs apt-get update once, and only when something is missing. Uses sudo when
+# not run as root. Works non-interactively (CI).
+set -euo pipefail
+
+packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev)
+
+usage() {
+  sed -n '2,10s/^# \{0,1\}//p' "$0"
+}
+
+for arg in "$@"; do
+  case "$arg" in
+    --python) packages+=(python3 python3-torch python3-numpy python3-matplotlib) ;;
+    --blas)   packages+=(libopenblas-dev libopenblas0-openmp) ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "install-deps.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+  if [[ "$status" != "installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps.sh: all required packages are installed"
+  exit 0
+fi
+
+if [[ $(id -u) -eq 0 ]]; then
+  sudo=()
+elif command -v sudo >/dev/null 2>&1; then
+  sudo=(sudo)
+else
+  echo "install-deps.sh: missing ${missing[*]}; run as root or install sudo" >&2
+  exit 1
+fi
+
+echo "install-deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Wait (up to 10 min) for another apt/dpkg run to release its lock instead of failing.
+apt_opts=(-o DPkg::Lock::Timeout=600)
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" update
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"
