@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -80,6 +81,7 @@ def run_ldlm(binary: str, env: dict, pattern: str, repetitions: int) -> dict:
         case, threads = split_name(b.get("run_name", b["name"]))
         results[(case, threads)] = {
             "ms": b["real_time"] * TIME_UNIT_MS[b["time_unit"]],
+            "cpu_ms": b["cpu_time"] * TIME_UNIT_MS[b["time_unit"]],  # calling thread only
             "flops": b["FLOPS"] * b["real_time"] * TIME_UNIT_MS[b["time_unit"]] * 1e-3,  # rate × seconds
             "iterations": b["iterations"],
         }
@@ -113,6 +115,9 @@ def build_rows(ldlm: dict, torch: dict) -> list:
             gflops = r["flops"] / (r["ms"] * 1e-3) * 1e-9
             rows.append({
                 "case": case, "threads": threads, "ldlm_ms": r["ms"], "torch_ms": t["ms"] if t else None,
+                # CPU time (ldlm: calling thread; PyTorch: whole process): at one thread, a
+                # hint that survives a loaded machine.
+                "ldlm_cpu_ms": r["cpu_ms"], "torch_cpu_ms": t.get("cpu_ms") if t else None,
                 "ratio": t["ms"] / r["ms"] if t else None, "flops": r["flops"], "ldlm_gflops": gflops,
                 "torch_gflops": r["flops"] / (t["ms"] * 1e-3) * 1e-9 if t else None,
                 "pct_peak": 100 * gflops / (PEAK_GFLOPS_PER_CORE * threads),
@@ -136,7 +141,8 @@ def write_markdown(path: str, rows: list, meta: dict) -> None:
          if meta["env_torch"].get("ATEN_CPU_CAPABILITY") != meta["env_ldlm"].get("ATEN_CPU_CAPABILITY") else "") + ".",
         "",
         "Ratio = PyTorch ms / ldlm ms (> 1: ldlm faster). GFLOP/s count useful FLOPs (formulas in "
-        "bench/bench_layers.cpp); peak = 214 GFLOP/s per core × threads.",
+        "bench/bench_layers.cpp); peak = 214 GFLOP/s per core × threads. results.json also "
+        "holds CPU times (ldlm: calling thread; PyTorch: process), a hint at one thread when the machine is loaded.",
         "",
         "| case | threads | ldlm ms | PyTorch ms | PyTorch/ldlm | ldlm GFLOP/s | % of peak |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -161,7 +167,7 @@ def write_plot(path: str, rows: list, env_mode: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     rows = [r for r in rows if r["ratio"] is not None]
     cases = case_order({(r["case"], r["threads"]): r for r in rows})
@@ -176,9 +182,16 @@ def write_plot(path: str, rows: list, env_mode: str) -> None:
                 xs.append(j + (i - (len(thread_counts) - 1) / 2) * width)
                 ys.append(r["ratio"])
         ax.bar(xs, ys, width, label=f"{n} thread{'s' if n > 1 else ''}")
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.2f}", (x, y), ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=1)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.set_yscale("log")  # a ratio and its inverse sit at equal distances from 1
+    lo, hi = min(r["ratio"] for r in rows), max(r["ratio"] for r in rows)
+    ticks = [2.0 ** k for k in range(math.floor(math.log2(min(lo, 1.0))), math.ceil(math.log2(max(hi, 1.0))) + 1)]
+    ax.set_yticks(ticks)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(ticks[0] / 1.1, ticks[-1] * 1.1)
     ax.set_xticks(range(len(cases)))
     ax.set_xticklabels(cases, rotation=45, ha="right")
     ax.set_ylabel("PyTorch time / ldlm time  (> 1: ldlm faster)")

@@ -108,7 +108,8 @@ def case_list(threads: int):
 
 
 def time_case(fn, min_reps: int, max_reps: int, budget: float):
-    """Warm-up (at least two calls, at least 0.3 s), then the median of N timed calls."""
+    """Warm-up (at least two calls, at least 0.3 s), then N timed calls: wall and
+    process CPU seconds of each."""
     start = time.perf_counter()
     warmups = 0
     while warmups < 2 or time.perf_counter() - start < 0.3:
@@ -117,12 +118,13 @@ def time_case(fn, min_reps: int, max_reps: int, budget: float):
         last = time.perf_counter() - t0
         warmups += 1
     reps = max(min_reps, min(max_reps, math.ceil(budget / max(last, 1e-9))))
-    samples = []
+    samples, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
-    return samples
+        cpu.append(time.process_time() - c0)
+    return samples, cpu
 
 
 def worker(args) -> None:
@@ -147,11 +149,11 @@ def worker(args) -> None:
                 ldlm_init.init_module(module, "", 1)
                 module_key = spec[0]
             fn = build(module)
-            samples = time_case(fn, args.min_reps, args.max_reps, args.budget)
+            samples, cpu = time_case(fn, args.min_reps, args.max_reps, args.budget)
             ms = 1e3 * statistics.median(samples)
             print(f"torch {name} threads={args.worker}: {ms:.3f} ms (median of {len(samples)})", file=sys.stderr)
             results.append({"name": name, "threads": args.worker, "ms": ms, "ms_min": 1e3 * min(samples),
-                            "reps": len(samples)})
+                            "cpu_ms": 1e3 * statistics.median(cpu), "reps": len(samples)})
     capability = next((line.split(":", 1)[1].strip() for line in torch.__config__.show().splitlines()
                        if "CPU capability usage" in line), "unknown")
     json.dump({"threads": args.worker, "torch_num_threads": torch.get_num_threads(), "cpu_capability": capability,

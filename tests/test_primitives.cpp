@@ -3,7 +3,6 @@
 // position scale, sqrt(mean + eps) instead of the RMS clamp, the interleaved
 // rotary pairing. Several primitives also run with S = double: the scalar is a
 // template parameter and must work for both.
-#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -17,7 +17,23 @@
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/tensor.hpp"
 
+#if defined(LDLM_USE_BLAS)
+extern "C" void openblas_set_num_threads(int);
+#endif
+
 namespace ldlm {
+
+namespace detail {
+/// With an external BLAS (OpenBLAS), parallelism stays ldlm's own: BLAS runs
+/// single-threaded inside each of our tasks, so the two pools never oversubscribe
+/// the cores. OpenBLAS offers only a process-wide switch for this.
+inline void keep_blas_single_threaded() {
+#if defined(LDLM_USE_BLAS)
+  static const bool once = (openblas_set_num_threads(1), true);
+  (void)once;
+#endif
+}
+}  // namespace detail
 
 /// A fixed set of worker threads. parallel_for hands tasks [0, n) to the workers
 /// and the calling thread, and returns when all are done. One caller at a time:
@@ -26,6 +42,7 @@ class ThreadPool {
  public:
   explicit ThreadPool(int threads = 1) : size_(threads) {
     if (threads < 1) throw InvalidArgument("ThreadPool: thread count must be >= 1, got " + std::to_string(threads));
+    detail::keep_blas_single_threaded();
     for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
   }
   ~ThreadPool() {
@@ -119,7 +136,9 @@ class Arena {
     ~Scope() {
       arena_.current_ = block_;
       arena_.offset_ = offset_;
-      if (--arena_.depth_ == 0) arena_.coalesce();
+      // Merge blocks only once the arena is empty again: memory handed out while no
+      // Scope was open lives on and must not be freed.
+      if (--arena_.depth_ == 0 && block_ == 0 && offset_ == 0) arena_.coalesce();
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;

@@ -4,6 +4,7 @@
 // names it.
 #pragma once
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,6 +15,13 @@
 namespace ldlm {
 
 struct LoadOptions {
+  /// Options that consider only the tensors under `prefix` (one module of a full checkpoint).
+  static LoadOptions scoped(std::string prefix) {
+    LoadOptions o;
+    o.scope = std::move(prefix);
+    return o;
+  }
+
   /// Only tensors whose names start with this are considered (others in the file are
   /// ignored): "denoiser." loads one module from a full LDLM checkpoint.
   std::string scope;
@@ -53,22 +61,32 @@ void load_parameters(M& module, const SafetensorsFile& file, const std::string& 
     file.read_into(name, p.data(), p.numel());
     claimed.insert(name);
   });
-  if (!missing.empty()) {
-    std::string list;
-    for (std::size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", '" : "'") + missing[i] + "'";
-    if (missing.size() > 8) list += " and " + std::to_string(missing.size() - 8) + " more";
-    throw CheckpointError(where + ": missing " + std::to_string(missing.size()) + " tensor(s): " + list);
+  std::vector<std::string> unexpected;
+  if (options.reject_unexpected) {
+    for (const TensorInfo& t : file.tensors()) {
+      if (!t.name.starts_with(options.scope) || claimed.count(t.name)) continue;
+      bool ignored = false;
+      for (const auto& suffix : options.ignored_suffixes) ignored = ignored || t.name.ends_with(suffix);
+      if (!ignored) unexpected.push_back(t.name + " " + shape_string(t.shape));
+    }
   }
-  if (!options.reject_unexpected) return;
-  for (const TensorInfo& t : file.tensors()) {
-    if (!t.name.starts_with(options.scope) || claimed.count(t.name)) continue;
-    bool ignored = false;
-    for (const auto& suffix : options.ignored_suffixes) ignored = ignored || t.name.ends_with(suffix);
-    if (!ignored)
-      throw CheckpointError(where + ": unexpected tensor '" + t.name + "' " + shape_string(t.shape) +
-                            (options.scope.empty() ? std::string() : " under '" + options.scope + "'") +
-                            " that no parameter of the model claims");
-  }
+  if (missing.empty() && unexpected.empty()) return;
+  // Both lists in one message, as torch's load_state_dict does: a renamed tensor
+  // shows up as one missing and one unexpected name side by side.
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (std::size_t i = 0; i < names.size() && i < 8; ++i) out += (i ? ", '" : "'") + names[i] + "'";
+    if (names.size() > 8) out += " and " + std::to_string(names.size() - 8) + " more";
+    return out;
+  };
+  std::string msg = where + ":";
+  if (!missing.empty()) msg += " missing " + std::to_string(missing.size()) + " tensor(s): " + list(missing) + ";";
+  if (!unexpected.empty())
+    msg += " unexpected " + std::to_string(unexpected.size()) + " tensor(s)" +
+           (options.scope.empty() ? std::string() : " under '" + options.scope + "'") +
+           " that no parameter claims: " + list(unexpected) + ";";
+  msg.pop_back();
+  throw CheckpointError(msg);
 }
 
 /// Loads a Hugging Face GPT-2 file (GPT2Model or GPT2LMHeadModel) into the feature

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -109,6 +110,7 @@ struct Config {
     if (rms_norm_eps <= 0) fail("rms_norm_eps", "must be > 0");
     if (rope_base <= 1) fail("rope_base", "must be > 1");
     if (time_max_period <= 0) fail("time_max_period", "must be > 0");
+    if (schedule_d <= 0) fail("schedule_d", "must be > 0");
     if (!(t_min > 0 && t_min < 1)) fail("t_min", "must be in (0, 1)");
     if (!(beta_t_clip > 0 && beta_t_clip < 1)) fail("beta_t_clip", "must be in (0, 1)");
   }
@@ -153,10 +155,22 @@ struct Config {
   }
 
   static Config parse(const std::string& text, const std::string& origin = "<string>") {
-    nlohmann::json j;
+    using nlohmann::json;
+    // The config is one flat object: refusing nested values while parsing keeps
+    // hostile input (a million '[') from recursing through the parser or the
+    // destructor, and a repeated key is refused rather than silently overwritten.
+    std::set<std::string> seen;
+    auto flat = [&](int depth, json::parse_event_t event, json& value) {
+      if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth > 0)
+        throw ConfigError("config " + origin + ": nested objects and arrays are not allowed");
+      if (event == json::parse_event_t::key && depth == 1 && !seen.insert(value.get<std::string>()).second)
+        throw ConfigError("config " + origin + ": duplicate key '" + value.get<std::string>() + "'");
+      return true;
+    };
+    json j;
     try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
+      j = json::parse(text, flat);
+    } catch (const json::exception& e) {
       throw ConfigError("config " + origin + ": not valid JSON: " + e.what());
     }
     return from_json(j);

@@ -38,11 +38,10 @@ void layer_norm_gain(Context& ctx, ConstMatRef<S> x, const S* gamma, float eps, 
   detail::check_norm_shapes("layer_norm_gain", n, y.rows(), x.rows(), y.cols(), n);
   ConstRowVectorMap<S> g(gamma, n);
   detail::for_each_row(ctx, x.rows(), [&](Index r) {
-    Eigen::Matrix<float, 1, Eigen::Dynamic> row = x.row(r).template cast<float>();  // [n]
+    const auto row = x.row(r).template cast<float>().array();  // lazy: no copy for S = float
     const float mean = row.mean();
-    row.array() -= mean;
-    const float inv_std = 1.0f / std::sqrt(row.squaredNorm() / static_cast<float>(n) + eps);
-    y.row(r) = (row * inv_std).template cast<S>().cwiseProduct(g);
+    const float inv_std = 1.0f / std::sqrt((row - mean).square().mean() + eps);
+    y.row(r) = ((row - mean) * inv_std).matrix().template cast<S>().cwiseProduct(g);
   });
 }
 

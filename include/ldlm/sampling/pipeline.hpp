@@ -15,8 +15,8 @@ namespace ldlm {
 
 template <class S>
 struct Decoded {
-  Tensor3<S> hidden;  // [B, T, d], latent decoder output (≈ GPT-2 features)
-  Tensor3<S> logits;  // [B, T, V]
+  Tensor3<S> hidden;   // [B, T, d], latent decoder output (≈ GPT-2 features)
+  Tensor3<S> logits;   // [B, T, V]
   TokenTensor tokens;  // [B, T], argmax of logits (lowest id on ties)
 };
 

@@ -3,8 +3,9 @@
 //
 // Reproducibility: the Gaussian noise comes from our own generator (xoshiro256**
 // seeded through splitmix64, Box–Muller in double), not std::normal_distribution,
-// whose output differs between standard libraries. The same seed, shapes and
-// options give the same latents with any thread count.
+// whose output differs between standard libraries. The noise depends only on the
+// seed and the shapes, never on the thread count (the matrix products may still
+// round differently with another thread count, which splits them differently).
 #pragma once
 
 #include <algorithm>
@@ -103,8 +104,8 @@ class NormalGenerator {
 /// `noise` (ξ, n values) is used by the SDE only; null means "no noise term", i.e.
 /// x' is the step's deterministic mean. Computed in double per element.
 template <class S>
-void euler_step(SamplerKind kind, const TangentSchedule& schedule, double t, double t_next, const S* x0,
-                const S* noise, Index n, S* x) {
+void euler_step(SamplerKind kind, const TangentSchedule& schedule, double t, double t_next, const S* x0, const S* noise,
+                Index n, S* x) {
   if (!(t_next < t))
     throw InvalidArgument("euler_step: t_next must be < t, got t = " + std::to_string(t) +
                           ", t_next = " + std::to_string(t_next));
@@ -122,7 +123,7 @@ void euler_step(SamplerKind kind, const TangentSchedule& schedule, double t, dou
   }
 }
 
-/// Throws InvalidArgument unless B >= 1, 1 <= T <= max_positions and steps >= 1.
+/// Throws InvalidArgument unless B >= 1, 1 <= T <= max_positions, steps >= 1 and D > 0.
 inline void check_sampling_arguments(std::string_view op, const Config& c, Index B, Index T, int steps) {
   const std::string where(op);
   if (B < 1) throw InvalidArgument(where + ": batch size B must be >= 1, got " + std::to_string(B));
@@ -130,6 +131,9 @@ inline void check_sampling_arguments(std::string_view op, const Config& c, Index
     throw InvalidArgument(where + ": length T must be in [1, max_positions = " + std::to_string(c.max_positions) +
                           "], got " + std::to_string(T));
   if (steps < 1) throw InvalidArgument(where + ": steps must be >= 1, got " + std::to_string(steps));
+  // σ = 0 for every t when D = 0, and the score divides by σ².
+  if (!(c.schedule_d > 0))
+    throw InvalidArgument(where + ": config 'schedule_d' must be > 0, got " + std::to_string(c.schedule_d));
 }
 
 /// Samples latents z [B*T, d] with the denoiser (spec 5):
@@ -172,8 +176,8 @@ void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
 
   for (int i = 0; i < steps; ++i) {
     std::fill(t_batch, t_batch + B, static_cast<S>(times[i]));
-    denoiser.forward(ctx, ConstMatrixMap<S>(x, rows, d), t_batch, ConstMatrixMap<S>(self_cond, rows, d), B, T,
-                     rotary, MatrixMap<S>(x0, rows, d));
+    denoiser.forward(ctx, ConstMatrixMap<S>(x, rows, d), t_batch, ConstMatrixMap<S>(self_cond, rows, d), B, T, rotary,
+                     MatrixMap<S>(x0, rows, d));
     const bool last = i + 1 == steps;
     const S* xi = nullptr;
     if (noise && !last) {
@@ -191,8 +195,7 @@ void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
 
 /// Tensor form: latents [B, T, d].
 template <class S>
-Tensor3<S> sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
-                          const SamplerOptions& options) {
+Tensor3<S> sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options) {
   check_sampling_arguments("sample", denoiser.config, B, T, options.steps);
   Tensor3<S> z(B, T, denoiser.config.d_model);
   sample_latents(ctx, denoiser, B, T, options, as_matrix(z));

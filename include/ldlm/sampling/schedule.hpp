@@ -33,10 +33,10 @@ struct TangentSchedule {
     return 1.0 / std::sqrt(1.0 + dt * dt);
   }
 
-  /// σ(t) = sqrt(1 − α²), evaluated as D tan / sqrt(1 + D² tan²): the same value
+  /// σ(t) = sqrt(1 − α²), evaluated as D |tan| / sqrt(1 + D² tan²): the same value
   /// without the cancellation of 1 − α² at small t.
   double sigma(double t) const {
-    const double dt = d * std::tan(std::numbers::pi * t / 2);
+    const double dt = d * std::abs(std::tan(std::numbers::pi * t / 2));
     return dt / std::sqrt(1.0 + dt * dt);
   }
 
@@ -61,7 +61,8 @@ inline double score_from_x0(double x_t, double x0, double alpha, double sigma) {
 /// with both endpoints exact. Step i goes from t_i to t_{i+1}.
 inline std::vector<double> time_grid(int steps, double t_min) {
   if (steps < 1) throw InvalidArgument("time_grid: steps must be >= 1, got " + std::to_string(steps));
-  if (!(t_min > 0 && t_min < 1)) throw InvalidArgument("time_grid: t_min must be in (0, 1), got " + std::to_string(t_min));
+  if (!(t_min > 0 && t_min < 1))
+    throw InvalidArgument("time_grid: t_min must be in (0, 1), got " + std::to_string(t_min));
   std::vector<double> t(static_cast<std::size_t>(steps) + 1);
   for (int i = 0; i <= steps; ++i) t[i] = 1.0 - (1.0 - t_min) * i / steps;
   t.back() = t_min;

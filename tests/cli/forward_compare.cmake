@@ -1,0 +1,31 @@
+# Runs `ldlm forward MODULE` on a reference model directory, then `ldlm compare`
+# against <MODULE>.outputs.safetensors.
+#   cmake -DLDLM=<exe> -DMODULE=<name> -DDATA=<model dir> -DOUT=<dir> -DATOL=<a> -DRTOL=<r> -P forward_compare.cmake
+foreach(var LDLM MODULE DATA OUT ATOL RTOL)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "forward_compare.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+
+file(MAKE_DIRECTORY "${OUT}")
+set(output "${OUT}/${MODULE}.out.safetensors")
+file(REMOVE "${output}")
+
+execute_process(
+  COMMAND "${LDLM}" forward "${MODULE}"
+    --weights "${DATA}/weights.safetensors"
+    --inputs "${DATA}/${MODULE}.inputs.safetensors"
+    --output "${output}"
+    --config "${DATA}/config.json"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "ldlm forward ${MODULE} failed (exit ${rc}):\n${out}${err}")
+endif()
+
+execute_process(
+  COMMAND "${LDLM}" compare "${output}" "${DATA}/${MODULE}.outputs.safetensors" --atol "${ATOL}" --rtol "${RTOL}"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "ldlm compare ${MODULE} failed (exit ${rc})")
+endif()

@@ -1,0 +1,646 @@
+// The `ldlm` command line tool: parameter counts, single-module forward passes on
+// named safetensors inputs (spec section 6), tensor comparison, generation and
+// reconstruction. Errors print "ldlm: error: ..." and exit with 2 (usage) or 1
+// (runtime: files, tensors, configuration, numerics).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <new>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "args.hpp"
+#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/safetensors.hpp"
+#include "ldlm/ldlm.hpp"
+
+namespace ldlm::cli {
+namespace {
+
+/// Seed of the generator weights used when no --weights is given (the seed of the
+/// model_base reference dumps).
+constexpr std::uint64_t kDefaultInitSeed = 7;
+
+const Option kConfigOption{"config", "C.json", "model configuration (JSON, spec section 6); default: ldlm-base"};
+const Option kThreadsOption{"threads", "N", "threads of the execution context (default: all cores)"};
+const Option kWeightsOption{"weights", "W.safetensors", "parameters under their full state-dict names"};
+const Option kInitSeedOption{
+    "init-seed", "S",
+    "without --weights: seed of the generator weights (default " + std::to_string(kDefaultInitSeed) + ")"};
+
+Config load_config(const Args& args) {
+  if (auto path = args.value("config")) return Config::load(*path);
+  return Config{};
+}
+
+int thread_count(const Args& args) {
+  const auto cores = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  return static_cast<int>(args.get_int("threads", cores, 1, 1024));
+}
+
+/// Loads one module from a full-model file; tensors of other modules are ignored.
+template <class M>
+void load_module(M& module, const SafetensorsFile& file, const std::string& name) {
+  load_parameters(module, file, name + ".", LoadOptions::scoped(name + "."));
+}
+
+/// Initialises one module with the deterministic generator under its full names,
+/// so the values equal those of init_parameters on the whole LDLM.
+template <class M>
+void init_module(M& module, std::uint64_t seed, const std::string& name) {
+  init_parameters(module, seed, name + ".");
+}
+
+/// Runs a() and b(), on two threads when `parallel`: initialising or loading ldlm-base
+/// is dominated by first-touch page faults and generator arithmetic, which split
+/// well. Rethrows the first exception after both finish.
+template <class A, class B>
+void run_pair(bool parallel, A&& a, B&& b) {
+  if (!parallel) {
+    a();
+    b();
+    return;
+  }
+  std::exception_ptr error;
+  std::thread worker([&] {
+    try {
+      a();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  try {
+    b();
+  } catch (...) {
+    worker.join();
+    throw;
+  }
+  worker.join();
+  if (error) std::rethrow_exception(error);
+}
+
+void print_tokens(std::ostream& out, const TokenTensor& tokens) {
+  const Index B = tokens.dimension(0), T = tokens.dimension(1);
+  for (Index b = 0; b < B; ++b) {
+    for (Index t = 0; t < T; ++t) out << (t ? " " : "") << tokens(b, t);
+    out << "\n";
+  }
+}
+
+std::string join(const std::vector<std::string>& words, const std::string& sep) {
+  std::string s;
+  for (std::size_t i = 0; i < words.size(); ++i) s += (i ? sep : "") + words[i];
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Reading named inputs
+// ---------------------------------------------------------------------------
+
+/// The inputs file of `forward`: every accessor names the tensor in its errors.
+class Inputs {
+ public:
+  Inputs(const std::string& path, std::string module)
+      : file_(SafetensorsFile::open(path)), module_(std::move(module)) {}
+
+  /// A floating [B, T, d] activation.
+  Tensor3<float> activation(const std::string& name, Index d) const {
+    const TensorInfo& info = require(name);
+    require_float(info);
+    if (info.shape.size() != 3 || info.shape[2] != d)
+      throw ShapeError(where(name) + " has shape " + shape_string(info.shape) + ", expected [B, T, " +
+                       std::to_string(d) + "]");
+    Tensor3<float> t(info.shape[0], info.shape[1], info.shape[2]);
+    file_.read_into(name, t.data(), t.size());
+    return t;
+  }
+
+  /// A floating [B] vector.
+  Tensor1<float> vector(const std::string& name, Index B) const {
+    const TensorInfo& info = require(name);
+    require_float(info);
+    if (info.shape != Shape{B})
+      throw ShapeError(where(name) + " has shape " + shape_string(info.shape) + ", expected [" + std::to_string(B) +
+                       "] (one time per sequence)");
+    Tensor1<float> t(B);
+    file_.read_into(name, t.data(), t.size());
+    return t;
+  }
+
+  /// Token ids [B, T], I64 or I32.
+  TokenTensor tokens(const std::string& name) const {
+    const TensorInfo& info = require(name);
+    if (!dtype_is_integer(info.dtype))
+      throw InvalidArgument(where(name) + " has dtype " + std::string(dtype_name(info.dtype)) +
+                            ", expected I64 or I32 token ids");
+    if (info.shape.size() != 2)
+      throw ShapeError(where(name) + " has shape " + shape_string(info.shape) + ", expected [B, T]");
+    TokenTensor t(info.shape[0], info.shape[1]);
+    file_.read_into(name, t.data(), t.size());
+    return t;
+  }
+
+ private:
+  std::string where(const std::string& name) const {
+    return "forward " + module_ + ": input tensor '" + name + "' in '" + file_.path() + "'";
+  }
+
+  const TensorInfo& require(const std::string& name) const {
+    if (file_.contains(name)) return file_.info(name);
+    std::vector<std::string> present;
+    for (const auto& t : file_.tensors()) present.push_back("'" + t.name + "'");
+    throw InvalidArgument("forward " + module_ + ": inputs '" + file_.path() + "' have no tensor '" + name +
+                          "' (they hold " + (present.empty() ? std::string("no tensors") : join(present, ", ")) + ")");
+  }
+
+  void require_float(const TensorInfo& info) const {
+    if (dtype_is_integer(info.dtype))
+      throw InvalidArgument(where(info.name) + " has dtype " + std::string(dtype_name(info.dtype)) +
+                            ", expected a floating dtype (F32, F16, BF16 or F64)");
+  }
+
+  SafetensorsFile file_;
+  std::string module_;
+};
+
+Shape shape3(const Tensor3<float>& t) { return shape_of(t); }
+
+// ---------------------------------------------------------------------------
+// ldlm params
+// ---------------------------------------------------------------------------
+
+const Command kParams{"params",
+                      "",
+                      "Print the trained and frozen parameter counts of every module, then the totals\n"
+                      "(nothing is allocated).",
+                      {kConfigOption},
+                      ""};
+
+int run_params(const Args& args) {
+  args.expect_positionals(0, 0);
+  const LDLM<float> model(load_config(args));
+  const auto table = parameter_table(model);
+  ParameterCounts total;
+  std::printf("%-26s %14s %14s\n", "module", "trained", "frozen");
+  for (const auto& row : table) {
+    std::printf("%-26s %14lld %14lld\n", row.module.c_str(), static_cast<long long>(row.counts.trained),
+                static_cast<long long>(row.counts.frozen));
+    total.trained += row.counts.trained;
+    total.frozen += row.counts.frozen;
+  }
+  std::printf("%-26s %14lld\n", "trained total", static_cast<long long>(total.trained));
+  std::printf("%-26s %14lld\n", "frozen total", static_cast<long long>(total.frozen));
+  std::printf("%-26s %14lld\n", "denoiser final LayerNorm",
+              static_cast<long long>(count_parameters(model.denoiser.norm_final).total()));
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// ldlm forward
+// ---------------------------------------------------------------------------
+
+const Command kForward{"forward",
+                       "MODULE",
+                       "Run one module on named inputs and write named float32 outputs.",
+                       {kWeightsOption,
+                        {"inputs", "I.safetensors", "input tensors, named as in the table below"},
+                        {"output", "O.safetensors", "where to write the outputs"},
+                        kConfigOption,
+                        kThreadsOption},
+                       "modules (inputs -> outputs):\n"
+                       "  feature_model   tokens [B,T] (I64 or I32)            -> features [B,T,d]\n"
+                       "  encoder         features [B,T,d]                     -> latents [B,T,d]\n"
+                       "  latent_decoder  latents [B,T,d]                      -> hidden [B,T,d]\n"
+                       "  token_decoder   hidden [B,T,d]                       -> logits [B,T,V]\n"
+                       "  denoiser        x_t [B,T,d], t [B], self_cond [B,T,d] -> x0 [B,T,d]\n"
+                       "  reconstruct     tokens [B,T]                         -> features, latents, hidden, logits\n"
+                       "\nWeights carry full prefixed names (e.g. denoiser.blocks.0.norm1.weight); only the\n"
+                       "modules that run are loaded, tensors of other modules in the file are ignored.\n"};
+
+int run_forward(const Args& args) {
+  args.expect_positionals(1, 1);
+  const std::string module = args.positionals()[0];
+  const std::vector<std::string> modules = {"feature_model", "encoder",  "latent_decoder",
+                                            "token_decoder", "denoiser", "reconstruct"};
+  if (std::find(modules.begin(), modules.end(), module) == modules.end())
+    args.fail("unknown module '" + module + "' (expected one of: " + join(modules, ", ") + ")");
+  const std::string weights_path = args.required("weights");
+  const std::string inputs_path = args.required("inputs");
+  const std::string output_path = args.required("output");
+  const Config config = load_config(args);
+  Context ctx(thread_count(args));
+
+  const Inputs inputs(inputs_path, module);
+  const auto weights = SafetensorsFile::open(weights_path);
+  LDLM<float> model(config);
+  SafetensorsWriter out;
+  out.set_metadata("module", module);
+  const Index d = config.d_model;
+
+  if (module == "feature_model") {
+    const TokenTensor tokens = inputs.tokens("tokens");
+    load_module(model.feature_model, weights, "feature_model");
+    const auto features = model.feature_model.forward(ctx, tokens);
+    out.add("features", shape3(features), features.data());
+  } else if (module == "encoder") {
+    const auto features = inputs.activation("features", d);
+    load_module(model.encoder, weights, "encoder");
+    const auto latents = model.encoder.forward(ctx, features);
+    out.add("latents", shape3(latents), latents.data());
+  } else if (module == "latent_decoder") {
+    const auto latents = inputs.activation("latents", d);
+    load_module(model.latent_decoder, weights, "latent_decoder");
+    const auto hidden = model.latent_decoder.forward(ctx, latents);
+    out.add("hidden", shape3(hidden), hidden.data());
+  } else if (module == "token_decoder") {
+    const auto hidden = inputs.activation("hidden", d);
+    load_module(model.token_decoder, weights, "token_decoder");
+    const auto logits = model.token_decoder.forward(ctx, hidden);
+    out.add("logits", shape3(logits), logits.data());
+  } else if (module == "denoiser") {
+    const auto x_t = inputs.activation("x_t", d);
+    const auto t = inputs.vector("t", x_t.dimension(0));
+    const auto self_cond = inputs.activation("self_cond", d);
+    load_module(model.denoiser, weights, "denoiser");
+    const auto x0 = model.denoiser.forward(ctx, x_t, t, self_cond);
+    out.add("x0", shape3(x0), x0.data());
+  } else {  // reconstruct
+    const TokenTensor tokens = inputs.tokens("tokens");
+    load_module(model.feature_model, weights, "feature_model");
+    load_module(model.encoder, weights, "encoder");
+    load_module(model.latent_decoder, weights, "latent_decoder");
+    load_module(model.token_decoder, weights, "token_decoder");
+    const auto r = Pipeline<float>(model).reconstruct(ctx, tokens);
+    out.add("features", shape3(r.features), r.features.data());
+    out.add("latents", shape3(r.latents), r.latents.data());
+    out.add("hidden", shape3(r.hidden), r.hidden.data());
+    out.add("logits", shape3(r.logits), r.logits.data());
+  }
+  out.write(output_path);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// ldlm compare
+// ---------------------------------------------------------------------------
+
+const Command kCompare{
+    "compare",
+    "OUT.safetensors REF.safetensors",
+    "Check every tensor of REF against OUT: same shape and |out - ref| <= atol + rtol*|ref|\n"
+    "elementwise. Prints one line per tensor; exits 1 on any mismatch.",
+    {{"atol", "A", "absolute tolerance (default 1e-5)"}, {"rtol", "R", "relative tolerance (default 1e-5)"}},
+    ""};
+
+std::string index_string(std::int64_t flat, const Shape& shape) {
+  Shape index(shape.size());
+  for (std::int64_t k = static_cast<std::int64_t>(shape.size()) - 1; k >= 0; --k) {
+    index[k] = shape[k] ? flat % shape[k] : 0;
+    flat = shape[k] ? flat / shape[k] : 0;
+  }
+  return shape_string(index);
+}
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+int run_compare(const Args& args) {
+  args.expect_positionals(2, 2);
+  const double atol = args.get_double("atol", 1e-5, 0.0);
+  const double rtol = args.get_double("rtol", 1e-5, 0.0);
+  const auto out = SafetensorsFile::open(args.positionals()[0]);
+  const auto ref = SafetensorsFile::open(args.positionals()[1]);
+  int bad = 0, count = 0;
+  for (const TensorInfo& r : ref.tensors()) {
+    ++count;
+    const std::string label = r.name + " " + shape_string(r.shape);
+    if (!out.contains(r.name)) {
+      std::printf("MISSING   %s: not in %s\n", label.c_str(), out.path().c_str());
+      ++bad;
+      continue;
+    }
+    const TensorInfo& o = out.info(r.name);
+    if (o.shape != r.shape) {
+      std::printf("SHAPE     %s: output has shape %s\n", label.c_str(), shape_string(o.shape).c_str());
+      ++bad;
+      continue;
+    }
+    const auto got = out.read<double>(r.name);
+    const auto want = ref.read<double>(r.name);
+    double max_error = 0, worst_excess = -INFINITY;
+    std::int64_t worst = -1, failures = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const double g = got[i], w = want[i];
+      const bool both_nan = std::isnan(g) && std::isnan(w);
+      const double error = (g == w || both_nan) ? 0.0 : std::abs(g - w);  // equal infinities agree
+      const double excess = std::isnan(error) ? INFINITY : error - (atol + rtol * std::abs(w));
+      if (std::isnan(error) || error > max_error) max_error = std::isnan(error) ? INFINITY : error;
+      if (excess > 0) ++failures;
+      if (excess > worst_excess) worst_excess = excess, worst = static_cast<std::int64_t>(i);
+    }
+    if (failures) ++bad;
+    std::string line =
+        std::string(failures ? "MISMATCH " : "ok       ") + " " + label + ": max |error| " + number(max_error);
+    if (worst >= 0) {
+      const double g = got[worst], w = want[worst];
+      line += ", worst at " + index_string(worst, r.shape) + " (out " + number(g) + ", ref " + number(w) +
+              ", allowed " + number(atol + rtol * std::abs(w)) + ")";
+    }
+    if (failures)
+      line += "; " + std::to_string(failures) + " of " + std::to_string(want.size()) + " elements outside tolerance";
+    std::printf("%s\n", line.c_str());
+  }
+  if (bad) {
+    std::printf("compare: %d of %d tensor(s) differ (atol %s, rtol %s)\n", bad, count, number(atol).c_str(),
+                number(rtol).c_str());
+    return 1;
+  }
+  std::printf("compare: all %d tensor(s) within atol %s, rtol %s\n", count, number(atol).c_str(), number(rtol).c_str());
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// ldlm generate
+// ---------------------------------------------------------------------------
+
+const Command kGenerate{"generate",
+                        "",
+                        "Sample latents with the denoiser (N Euler steps from pure noise, spec 5), decode\n"
+                        "them and print the token ids, one line per sequence.",
+                        {{"length", "T", "tokens per sequence (default 32)"},
+                         {"batch", "B", "number of sequences (default 1)"},
+                         {"steps", "N", "denoiser steps (default 16)"},
+                         {"seed", "S", "noise seed (default 0); the same seed and --threads give the same tokens"},
+                         {"sampler", "sde|ode", "Euler SDE (default) or probability-flow ODE"},
+                         kWeightsOption,
+                         kInitSeedOption,
+                         kConfigOption,
+                         kThreadsOption,
+                         {"output", "tokens.txt", "write the token ids there instead of stdout"}},
+                        "Without --weights the model gets reproducible generator weights (init_parameters\n"
+                        "with --init-seed) for the modules generation uses: denoiser, latent_decoder and\n"
+                        "token_decoder. They show the machinery working, not meaningful text. The default\n"
+                        "(ldlm-base, 32 tokens, 16 steps) allocates about 1 GB and takes a few seconds on\n"
+                        "2 cores; --config with a smaller model is faster. On a terminal a progress bar\n"
+                        "with steps/s is shown on stderr.\n"};
+
+/// Draws "sampling [#####.....] 8/16 steps  3.1 steps/s" on stderr.
+class ProgressBar {
+ public:
+  ProgressBar() : start_(std::chrono::steady_clock::now()) {}
+
+  bool operator()(int step, int total) const {
+    constexpr int kWidth = 30;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    char bar[kWidth + 1];  // no allocation: this runs inside the sampling loop
+    const int filled = kWidth * step / total;
+    for (int i = 0; i < kWidth; ++i) bar[i] = i < filled ? '#' : '.';
+    bar[kWidth] = '\0';
+    std::fprintf(stderr, "\rsampling [%s] %d/%d steps  %.2f steps/s", bar, step, total,
+                 seconds > 0 ? step / seconds : 0.0);
+    if (step == total) std::fprintf(stderr, "  (%.2f s)\n", seconds);
+    std::fflush(stderr);
+    return true;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+int run_generate(const Args& args) {
+  args.expect_positionals(0, 0);
+  const Config config = load_config(args);
+  const Index T = args.get_int("length", 32, 1);
+  const Index B = args.get_int("batch", 1, 1, 1 << 20);
+  SamplerOptions options;
+  options.steps = static_cast<int>(args.get_int("steps", 16, 1, 1 << 20));
+  options.seed = args.get_uint("seed", 0);
+  const std::string sampler = args.get("sampler", "sde");
+  if (sampler == "sde")
+    options.kind = SamplerKind::sde;
+  else if (sampler == "ode")
+    options.kind = SamplerKind::ode;
+  else
+    args.fail("option '--sampler' must be 'sde' or 'ode', got '" + sampler + "'");
+  if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
+  check_sampling_arguments("generate", config, B, T, options.steps);
+  Context ctx(thread_count(args));
+  const bool parallel = ctx.threads() > 1;
+
+  LDLM<float> model(config);
+  if (auto path = args.value("weights")) {
+    const auto weights = SafetensorsFile::open(*path);
+    run_pair(
+        parallel, [&] { load_module(model.denoiser, weights, "denoiser"); },
+        [&] {
+          load_module(model.latent_decoder, weights, "latent_decoder");
+          load_module(model.token_decoder, weights, "token_decoder");
+        });
+  } else {
+    const std::uint64_t seed = args.get_uint("init-seed", kDefaultInitSeed);
+    run_pair(
+        parallel, [&] { init_module(model.denoiser, seed, "denoiser"); },
+        [&] {
+          init_module(model.latent_decoder, seed, "latent_decoder");
+          init_module(model.token_decoder, seed, "token_decoder");
+        });
+  }
+  if (isatty(STDERR_FILENO)) options.progress = ProgressBar();
+
+  const TokenTensor tokens = Pipeline<float>(model).generate(ctx, B, T, options);
+  if (auto path = args.value("output")) {
+    std::ofstream file(*path);
+    if (!file) throw IoError("generate: cannot open '" + *path + "' for writing");
+    print_tokens(file, tokens);
+    if (!file.flush()) throw IoError("generate: writing '" + *path + "' failed");
+  } else {
+    print_tokens(std::cout, tokens);
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// ldlm reconstruct
+// ---------------------------------------------------------------------------
+
+const Command kReconstruct{"reconstruct",
+                           "",
+                           "Encode token ids (GPT-2 features, latent encoder) and decode them again (latent\n"
+                           "decoder, token decoder, argmax); print the reconstructed ids, one line per sequence.",
+                           {{"tokens", "\"1 2 3 ...\"", "token ids; ';' separates sequences of equal length"},
+                            {"inputs", "I.safetensors", "token ids from tensor 'tokens' [B, T] (I64 or I32)"},
+                            kWeightsOption,
+                            kInitSeedOption,
+                            kConfigOption,
+                            kThreadsOption},
+                           "Exactly one of --tokens and --inputs. Without --weights the modules get generator\n"
+                           "weights (--init-seed), which exercise the pipeline but do not reconstruct.\n"};
+
+TokenTensor parse_tokens(const Args& args, const std::string& text) {
+  std::vector<std::vector<std::int64_t>> rows(1);
+  std::string word;
+  auto flush = [&] {
+    if (word.empty()) return;
+    std::int64_t id = 0;
+    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+    if (ec != std::errc() || end != word.data() + word.size())
+      args.fail("option '--tokens' expects integer ids, got '" + word + "'");
+    rows.back().push_back(id);
+    word.clear();
+  };
+  for (char c : text) {
+    if (c == ';') {
+      flush();
+      rows.emplace_back();
+    } else if (std::isspace(static_cast<unsigned char>(c)) || c == ',') {
+      flush();
+    } else {
+      word += c;
+    }
+  }
+  flush();
+  for (std::size_t b = 0; b < rows.size(); ++b) {
+    if (rows[b].empty()) args.fail("option '--tokens': sequence " + std::to_string(b + 1) + " is empty");
+    if (rows[b].size() != rows[0].size())
+      args.fail("option '--tokens': sequences must have equal lengths, got " + std::to_string(rows[0].size()) +
+                " and " + std::to_string(rows[b].size()));
+  }
+  TokenTensor tokens(static_cast<Index>(rows.size()), static_cast<Index>(rows[0].size()));
+  for (std::size_t b = 0; b < rows.size(); ++b)
+    for (std::size_t t = 0; t < rows[b].size(); ++t) tokens(b, t) = rows[b][t];
+  return tokens;
+}
+
+int run_reconstruct(const Args& args) {
+  args.expect_positionals(0, 0);
+  if (args.has("tokens") == args.has("inputs")) args.fail("give exactly one of --tokens and --inputs");
+  if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
+  const Config config = load_config(args);
+  const TokenTensor tokens = args.has("tokens") ? parse_tokens(args, *args.value("tokens"))
+                                                : Inputs(*args.value("inputs"), "reconstruct").tokens("tokens");
+  Context ctx(thread_count(args));
+  const bool parallel = ctx.threads() > 1;
+  LDLM<float> model(config);
+  if (auto path = args.value("weights")) {
+    const auto weights = SafetensorsFile::open(*path);
+    run_pair(
+        parallel,
+        [&] {
+          load_module(model.feature_model, weights, "feature_model");
+          load_module(model.encoder, weights, "encoder");
+        },
+        [&] {
+          load_module(model.latent_decoder, weights, "latent_decoder");
+          load_module(model.token_decoder, weights, "token_decoder");
+        });
+  } else {
+    const std::uint64_t seed = args.get_uint("init-seed", kDefaultInitSeed);
+    run_pair(
+        parallel,
+        [&] {
+          init_module(model.feature_model, seed, "feature_model");
+          init_module(model.encoder, seed, "encoder");
+        },
+        [&] {
+          init_module(model.latent_decoder, seed, "latent_decoder");
+          init_module(model.token_decoder, seed, "token_decoder");
+        });
+  }
+  print_tokens(std::cout, Pipeline<float>(model).reconstruct(ctx, tokens).tokens);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch
+// ---------------------------------------------------------------------------
+
+struct Subcommand {
+  const Command* command;
+  int (*run)(const Args&);
+};
+
+const std::vector<Subcommand>& subcommands() {
+  static const std::vector<Subcommand> all = {{&kParams, run_params},
+                                              {&kForward, run_forward},
+                                              {&kCompare, run_compare},
+                                              {&kGenerate, run_generate},
+                                              {&kReconstruct, run_reconstruct}};
+  return all;
+}
+
+std::string main_usage() {
+  std::string s =
+      "usage: ldlm COMMAND [options]\n\n"
+      "LDLM, the latent diffusion language model, in header-only C++.\n\ncommands:\n";
+  const char* lines[] = {
+      "  params       parameter counts per module and the totals",
+      "  forward      run one module on named safetensors inputs",
+      "  compare      compare two safetensors files tensor by tensor",
+      "  generate     sample token sequences with the diffusion model",
+      "  reconstruct  encode and decode token ids",
+  };
+  for (const char* line : lines) s += std::string(line) + "\n";
+  s += "\n'ldlm COMMAND --help' describes a command. Errors exit with 2 (usage) or 1 (runtime).\n";
+  return s;
+}
+
+int run(const std::vector<std::string>& argv) {
+  if (argv.empty()) throw UsageError("no command given\n" + main_usage());
+  std::string name = argv[0];
+  std::vector<std::string> rest(argv.begin() + 1, argv.end());
+  if (name == "--help" || name == "-h") {
+    std::cout << main_usage();
+    return 0;
+  }
+  if (name == "help") {
+    if (rest.empty()) {
+      std::cout << main_usage();
+      return 0;
+    }
+    name = rest[0];
+    rest = {"--help"};
+  }
+  for (const auto& sub : subcommands()) {
+    if (sub.command->name != name) continue;
+    const Args args(*sub.command, rest);
+    if (args.help()) {
+      std::cout << sub.command->usage();
+      return 0;
+    }
+    return sub.run(args);
+  }
+  std::vector<std::string> names;
+  for (const auto& sub : subcommands()) names.push_back(sub.command->name);
+  throw UsageError("unknown command '" + name + "' (commands: " + join(names, ", ") + "; see 'ldlm --help')");
+}
+
+}  // namespace
+}  // namespace ldlm::cli
+
+int main(int argc, char** argv) {
+  try {
+    return ldlm::cli::run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const ldlm::cli::UsageError& e) {
+    std::fprintf(stderr, "ldlm: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "ldlm: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {  // ldlm::Error and everything else
+    std::fprintf(stderr, "ldlm: error: %s\n", e.what());
+    return 1;
+  }
+}
