@@ -2,7 +2,6 @@
 # Installs the Debian 12 packages ldlm needs, skipping those already installed.
 #
 #   bash tools/install-deps.sh            build + tests + tool + benchmarks
-#   bash tools/install-deps.sh --blas     also OpenBLAS (for the `blas` preset)
 #   bash tools/install-deps.sh --python   also PyTorch/NumPy/Matplotlib, only needed
 #                                         to regenerate tests/data or compare benchmarks
 #
@@ -10,7 +9,7 @@
 # not run as root. Works non-interactively (CI).
 set -euo pipefail
 
-packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev)
+packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev libopenblas0-openmp)
 
 usage() {
   sed -n '2,10s/^# \{0,1\}//p' "$0"
@@ -19,7 +18,6 @@ usage() {
 for arg in "$@"; do
   case "$arg" in
     --python) packages+=(python3 python3-torch python3-numpy python3-matplotlib) ;;
-    --blas)   packages+=(libopenblas-dev libopenblas0-openmp) ;;
     -h|--help) usage; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
   esac

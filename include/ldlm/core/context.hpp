@@ -25,11 +25,14 @@ namespace ldlm {
 
 namespace detail {
 /// With an external BLAS (OpenBLAS), parallelism stays ldlm's own: BLAS runs
-/// single-threaded inside each of our tasks, so the two pools never oversubscribe
-/// the cores. OpenBLAS offers only a process-wide switch for this.
+/// single-threaded inside each of our tasks, so the two never oversubscribe the
+/// cores and results do not depend on which thread ran a task. OpenBLAS's OpenMP
+/// build takes its thread count from the calling thread's OpenMP setting, so every
+/// thread that runs ldlm work sets it once (this also sets that thread's
+/// omp_get_max_threads() to 1).
 inline void keep_blas_single_threaded() {
 #if defined(LDLM_USE_BLAS)
-  static const bool once = (openblas_set_num_threads(1), true);
+  thread_local const bool once = (openblas_set_num_threads(1), true);
   (void)once;
 #endif
 }
@@ -42,7 +45,6 @@ class ThreadPool {
  public:
   explicit ThreadPool(int threads = 1) : size_(threads) {
     if (threads < 1) throw InvalidArgument("ThreadPool: thread count must be >= 1, got " + std::to_string(threads));
-    detail::keep_blas_single_threaded();
     for (int w = 1; w < threads; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
   }
   ~ThreadPool() {
@@ -62,6 +64,7 @@ class ThreadPool {
   /// Tasks must write disjoint outputs; results then do not depend on scheduling.
   template <class F>
   void parallel_for(Index n, F&& body) {
+    detail::keep_blas_single_threaded();
     if (n <= 0) return;
     if (size_ == 1 || n == 1) {
       for (Index i = 0; i < n; ++i) body(i, 0);
@@ -98,6 +101,7 @@ class ThreadPool {
   }
 
   void worker_loop(int worker) {
+    detail::keep_blas_single_threaded();
     std::uint64_t seen = 0;
     for (;;) {
       {
