@@ -22,6 +22,8 @@
 
 namespace {
 
+using ldlm::test::error_of;
+
 using namespace ldlm;
 using ldlm::test::matches_reference;
 using ldlm::test::max_abs_diff;
@@ -457,19 +459,6 @@ TEST(AttentionKernel, SoftcapBeforeScaleIsCaughtBeyondOneTile) {
 
 // ------------------------------------------------------------------ shape errors
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
 
 /// A one-block denoiser at the attention cases' width with 48 positions.
 Config small_config() {

@@ -44,6 +44,8 @@
 
 namespace {
 
+using ldlm::test::error_of;
+
 using namespace ldlm;
 using ldlm::test::data_path;
 using ldlm::test::open_reference;
@@ -64,20 +66,6 @@ constexpr Tolerance kBaseChain{5e-5, 5e-5};
 // Helpers
 // ---------------------------------------------------------------------------
 
-/// The message of the exception E thrown by f ("" and a failure if nothing or something else was thrown).
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "unexpected exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "nothing thrown";
-  return "";
-}
 
 class TempDir {
  public:

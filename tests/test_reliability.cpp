@@ -36,6 +36,8 @@
 
 namespace {
 
+using ldlm::test::error_of;
+
 using namespace ldlm;
 using ldlm::test::data_path;
 using ldlm::test::open_reference;
@@ -47,20 +49,6 @@ namespace fs = std::filesystem;
 
 constexpr Tolerance kAcrossThreadCounts{1e-5, 1e-5};
 
-/// The message of the exception E thrown by f ("" and a failure if nothing or something else was thrown).
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "unexpected exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "nothing thrown";
-  return "";
-}
 
 const Config& small_config() {
   static const Config c = Config::load(data_path("model_small/config.json"));

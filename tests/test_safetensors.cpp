@@ -5,7 +5,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+
+#include "support/errors.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -16,6 +19,8 @@
 #include <vector>
 
 namespace {
+
+using ldlm::test::error_of;
 
 using ldlm::DType;
 using ldlm::SafetensorsFile;
@@ -35,20 +40,6 @@ std::span<const std::byte> as_bytes(const std::vector<T>& v) {
   return std::as_bytes(std::span<const T>(v));
 }
 
-// The message of the exception E thrown by f ("" and a failure if nothing or something else was thrown).
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "unexpected exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "nothing thrown";
-  return "";
-}
 
 std::string format_error(std::vector<std::byte> buf) {
   return error_of<ldlm::FormatError>([&] { SafetensorsFile::from_buffer(std::move(buf)); });

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ldlm/ldlm.hpp"
+#include "support/errors.hpp"
 
 namespace ldlm::test {
 
