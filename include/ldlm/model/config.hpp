@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -95,7 +96,7 @@ struct Config {
         if (v < (may_be_zero ? 0 : 1)) fail(key, "must be " + std::string(may_be_zero ? ">= 0" : ">= 1") + ", got " + std::to_string(v));
         if (v > (std::int64_t{1} << 24)) fail(key, "is implausibly large: " + std::to_string(v));
       } else if constexpr (std::is_same_v<V, double>) {
-        if (!std::isfinite(v) || v < 0) fail(key, "must be a finite number >= 0, got " + std::to_string(v));
+        if (!std::isfinite(v) || v < 0) fail(key, "must be a finite number >= 0, got " + nlohmann::json(v).dump());
       }
     });
     if (n_heads * head_dim != d_model)
@@ -134,7 +135,11 @@ struct Config {
         using V = std::decay_t<decltype(field)>;
         const auto& v = it.value();
         auto wrong = [&](const char* want) {
-          throw ConfigError(std::string("config: '") + key + "' must be " + want + ", got " + v.dump());
+          // Describe the value without dumping it whole: a caller-built value may be
+          // nested arbitrarily deep or be megabytes long.
+          std::string got = v.is_structured() ? std::string("a JSON ") + v.type_name() : v.dump();
+          if (got.size() > 64) got = got.substr(0, 64) + "...";
+          throw ConfigError(std::string("config: '") + key + "' must be " + want + ", got " + got);
         };
         if constexpr (std::is_same_v<V, bool>) {
           if (!v.is_boolean()) wrong("a boolean");
@@ -177,6 +182,7 @@ struct Config {
   }
 
   static Config load(const std::string& path) {
+    if (!std::filesystem::is_regular_file(path)) throw IoError("config: '" + path + "' is not a readable file");
     std::ifstream in(path);
     if (!in) throw IoError("config: cannot open '" + path + "'");
     std::stringstream ss;
