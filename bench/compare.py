@@ -71,6 +71,9 @@ def run_ldlm(binary: str, env: dict, pattern: str, repetitions: int) -> dict:
         cmd += [f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"]
     print("+", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, env=env, check=True, stdout=sys.stderr)  # console table as progress
+    if os.path.getsize(path) == 0:
+        sys.exit(f"compare.py: no ldlm benchmark matches --filter {pattern!r} (ldlm names look like "
+                 "'denoiser/threads:1/real_time')")
     with open(path) as f:
         doc = json.load(f)
     os.unlink(path)
@@ -230,6 +233,9 @@ def main() -> None:
     ldlm = run_ldlm(args.ldlm_bench, ldlm_env, args.filter, args.repetitions)
     torch = run_torch(torch_env, args.filter, args.torch_budget)
     rows = build_rows(ldlm["results"], torch["results"])
+    if not any(r["torch_ms"] is not None for r in rows):
+        sys.exit("compare.py: no case ran on both sides; --filter matches case names such as "
+                 "'denoiser' or '^attn_' (without the '/threads:N' suffix)")
 
     meta = {
         "env_mode": args.env,
