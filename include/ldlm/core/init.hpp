@@ -33,10 +33,6 @@ inline float uniform_pm1(std::uint64_t key, std::uint64_t index) {
   const std::uint64_t z = splitmix64(key + (index + 1) * kGolden);
   return static_cast<float>(z >> 40) / 8388608.0f - 1.0f;
 }
-
-inline bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
 }  // namespace detail
 
 /// Fills one parameter from (seed, full_name); allocates it if needed.
@@ -46,7 +42,7 @@ void init_parameter(Parameter<S>& p, std::string_view full_name, std::uint64_t s
   float offset = 0.0f, scale = 0.1f;
   if (shape.size() >= 2) {
     scale = 1.0f / std::sqrt(static_cast<float>(shape.back()));
-  } else if (detail::ends_with(full_name, ".weight") || detail::ends_with(full_name, ".gamma")) {
+  } else if (full_name.ends_with(".weight") || full_name.ends_with(".gamma")) {
     offset = 1.0f;  // norm gains sit around one, but not at one, so a dropped gain shows
     scale = 0.25f;
   }

@@ -34,7 +34,6 @@ class Parameter {
   void allocate() {
     if (!allocated()) storage_.resize(numel());
   }
-  void release() { storage_.resize(0); }
 
   S* data() { return storage_.data(); }
   const S* data() const {
@@ -93,16 +92,6 @@ ParameterCounts count_parameters(const M& module) {
     (p.role() == Role::trained ? c.trained : c.frozen) += p.numel();
   });
   return c;
-}
-
-/// Bytes the module's parameters occupy once allocated.
-template <class M>
-std::int64_t parameter_bytes(const M& module) {
-  std::int64_t bytes = 0;
-  visit_parameters(module, "", [&](const std::string&, const auto& p) {
-    bytes += p.numel() * static_cast<std::int64_t>(sizeof(*p.data()));
-  });
-  return bytes;
 }
 
 }  // namespace ldlm

@@ -20,14 +20,6 @@ void check_activation(std::string_view module, std::string_view tensor, const Te
                      std::to_string(max_positions));
 }
 
-/// Throws if `expected` and `actual` differ in their leading [B, T] axes.
-inline void check_same_positions(std::string_view module, std::string_view tensor, std::int64_t B, std::int64_t T,
-                                 const Shape& actual) {
-  if (actual.size() < 2 || actual[0] != B || actual[1] != T)
-    throw ShapeError(std::string(module) + ": tensor '" + std::string(tensor) + "' expected leading shape [" +
-                     std::to_string(B) + ", " + std::to_string(T) + "], got " + shape_string(actual));
-}
-
 /// With Context::check_finite set, throws NumericError at the first NaN/Inf.
 template <class S>
 void check_finite(const Context& ctx, std::string_view module, std::string_view tensor, ConstMatRef<S> m) {
