@@ -23,6 +23,7 @@
 namespace {
 
 using ldlm::test::error_of;
+using ldlm::test::expect_matches;
 
 using namespace ldlm;
 using ldlm::test::matches_reference;
@@ -66,14 +67,6 @@ nn::AttentionSettings settings_of(const SafetensorsFile& file) {
   s.rotary = config.at("rotary").get<std::string>() == "half_split";
   s.causal = config.value("causal", false);
   return s;
-}
-
-template <class S, int Rank>
-void expect_matches(const Tensor<S, Rank>& got, const SafetensorsFile& file, const std::string& name,
-                    const std::string& variant = "") {
-  const auto result = matches_reference(got, file, name, kTol);
-  EXPECT_TRUE(result) << "case " << file.metadata().at("case") << variant;
-  if (result) ::testing::Test::RecordProperty(name + variant, result.message());
 }
 
 /// The bug's output must fail the tolerance against the true reference, by far.
@@ -176,7 +169,7 @@ TEST(DenoiserSelfAttention, MatchesReference) {
   ASSERT_EQ(c.settings.softcap, 5.0);
   nn::FusedSelfAttention<float> attention(c.settings);
   load_case_parameters(attention, c.file);
-  expect_matches(run_self_attention(attention, c.x), c.file, "output.y");
+  expect_matches(run_self_attention(attention, c.x), c.file, "output.y", kTol);
 }
 
 TEST(DenoiserSelfAttention, InterleavedRotaryIsCaught) {
@@ -186,7 +179,7 @@ TEST(DenoiserSelfAttention, InterleavedRotaryIsCaught) {
   nn::FusedSelfAttention<float> attention(settings);
   load_case_parameters(attention, c.file);
   const auto y = run_self_attention(attention, c.x);
-  expect_matches(y, c.file, "output.y_interleaved");
+  expect_matches(y, c.file, "output.y_interleaved", kTol);
   expect_caught(y, c.file, "interleaved rotary");
 }
 
@@ -228,9 +221,9 @@ TEST(DenoiserSelfAttention, SoftcapBeforeScaleIsCaught) {
   expect_distinct(c.file, "output.y", "output.y_cap_before_scale");
   // ...the composition in the right order reproduces output.y (so it is a faithful
   // stand-in), and in the wrong order reproduces the bug and fails the reference.
-  expect_matches(composed_denoiser_attention(c, attention, false), c.file, "output.y", " (composed)");
+  expect_matches(composed_denoiser_attention(c, attention, false), c.file, "output.y", kTol, " (composed)");
   const auto wrong_order = composed_denoiser_attention(c, attention, true);
-  expect_matches(wrong_order, c.file, "output.y_cap_before_scale", " (composed)");
+  expect_matches(wrong_order, c.file, "output.y_cap_before_scale", kTol, " (composed)");
   expect_caught(wrong_order, c.file, "softcap before scale (composed)");
 }
 
@@ -238,7 +231,7 @@ TEST(TokenDecoderSelfAttention, MatchesReference) {
   const auto c = self_attention_case("token_decoder_self_attention");
   nn::SelfAttention<float> attention(c.settings);
   load_case_parameters(attention, c.file);
-  expect_matches(run_self_attention(attention, c.x), c.file, "output.y");
+  expect_matches(run_self_attention(attention, c.x), c.file, "output.y", kTol);
 }
 
 TEST(TokenDecoderSelfAttention, RecSwitchesMatchTheirDumpsAndDifferFromTheDefault) {
@@ -259,7 +252,7 @@ TEST(TokenDecoderSelfAttention, RecSwitchesMatchTheirDumpsAndDifferFromTheDefaul
     nn::SelfAttention<float> attention(settings);
     load_case_parameters(attention, c.file);
     const auto y = run_self_attention(attention, c.x);
-    expect_matches(y, c.file, variant.output);
+    expect_matches(y, c.file, variant.output, kTol);
     expect_caught(y, c.file, variant.output);
   }
 }
@@ -272,7 +265,7 @@ TEST(GPT2Attention, MatchesReferenceCausalConv1D) {
   Tensor3<float> y(c.B, c.T, c.settings.d_model);
   Context ctx;
   attention.forward(ctx, as_matrix(c.x), c.B, c.T, as_matrix(y));
-  expect_matches(y, c.file, "output.y");
+  expect_matches(y, c.file, "output.y", kTol);
 
   // Without the causal mask the result must be far off (the mask is exercised).
   auto unmasked = attention;
@@ -342,7 +335,7 @@ class LatentAttentionDump : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LatentAttentionDump, MatchesReference) {
   const auto c = latent_case(GetParam());
-  expect_matches(run_latent(c.module, c), c.file, "output.y");
+  expect_matches(run_latent(c.module, c), c.file, "output.y", kTol);
 }
 
 TEST_P(LatentAttentionDump, RecSwitchesMatchTheirDumpsAndDifferFromTheDefault) {
@@ -350,13 +343,13 @@ TEST_P(LatentAttentionDump, RecSwitchesMatchTheirDumpsAndDifferFromTheDefault) {
   auto no_softcap = c.module;
   no_softcap.settings.softcap = 0.0;
   const auto y_no_softcap = run_latent(no_softcap, c);
-  expect_matches(y_no_softcap, c.file, "output.y_no_softcap");
+  expect_matches(y_no_softcap, c.file, "output.y_no_softcap", kTol);
   expect_caught(y_no_softcap, c.file, "no softcap");
 
   auto no_qk_norm = c.module;
   no_qk_norm.settings.qk_norm = false;
   const auto y_no_qk_norm = run_latent(no_qk_norm, c);
-  expect_matches(y_no_qk_norm, c.file, "output.y_no_qk_norm");
+  expect_matches(y_no_qk_norm, c.file, "output.y_no_qk_norm", kTol);
   expect_caught(y_no_qk_norm, c.file, "no q/k norm");
 }
 
@@ -364,7 +357,7 @@ TEST_P(LatentAttentionDump, QkNormOverTheFullWidthIsCaught) {
   const auto c = latent_case(GetParam());
   expect_distinct(c.file, "output.y", "output.y_qknorm_full_width");
   const auto full_width = composed_latent_full_width_norm(c);
-  expect_matches(full_width, c.file, "output.y_qknorm_full_width", " (composed)");
+  expect_matches(full_width, c.file, "output.y_qknorm_full_width", kTol, " (composed)");
   expect_caught(full_width, c.file, "q/k norm over the full width (composed)");
 }
 

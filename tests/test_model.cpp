@@ -84,7 +84,7 @@ class TempDir {
 /// Compares with the reference and records the observed error as a test property
 /// (visible with --gtest_output=xml), which is how the tolerances above were chosen.
 template <class S, int Rank>
-void expect_matches(const Tensor<S, Rank>& got, const SafetensorsFile& ref, const std::string& name, Tolerance tol) {
+void expect_matches_logging_scaled_error(const Tensor<S, Rank>& got, const SafetensorsFile& ref, const std::string& name, Tolerance tol) {
   const auto want = read_tensor<float, Rank>(ref, name);
   double max_abs = 0, max_scaled = 0;
   for (Index i = 0; i < want.size() && i < got.size(); ++i) {
@@ -315,14 +315,14 @@ TEST(ModelSmall, FeatureModel) {
   const auto tokens = read_tensor<std::int64_t, 2>(in, "tokens");
   ASSERT_EQ(tokens.dimension(1), 37);
   Context ctx;
-  expect_matches(small_model<float>().feature_model.forward(ctx, tokens), out, "features", kSmallModule);
+  expect_matches_logging_scaled_error(small_model<float>().feature_model.forward(ctx, tokens), out, "features", kSmallModule);
 }
 
 TEST(ModelSmall, Encoder) {
   const auto in = open_reference("model_small/encoder.inputs.safetensors");
   const auto out = open_reference("model_small/encoder.outputs.safetensors");
   Context ctx;
-  expect_matches(small_model<float>().encoder.forward(ctx, read_tensor<float, 3>(in, "features")), out, "latents",
+  expect_matches_logging_scaled_error(small_model<float>().encoder.forward(ctx, read_tensor<float, 3>(in, "features")), out, "latents",
                  kSmallModule);
 }
 
@@ -330,7 +330,7 @@ TEST(ModelSmall, LatentDecoder) {
   const auto in = open_reference("model_small/latent_decoder.inputs.safetensors");
   const auto out = open_reference("model_small/latent_decoder.outputs.safetensors");
   Context ctx;
-  expect_matches(small_model<float>().latent_decoder.forward(ctx, read_tensor<float, 3>(in, "latents")), out,
+  expect_matches_logging_scaled_error(small_model<float>().latent_decoder.forward(ctx, read_tensor<float, 3>(in, "latents")), out,
                  "hidden", kSmallModule);
 }
 
@@ -338,7 +338,7 @@ TEST(ModelSmall, TokenDecoder) {
   const auto in = open_reference("model_small/token_decoder.inputs.safetensors");
   const auto out = open_reference("model_small/token_decoder.outputs.safetensors");
   Context ctx;
-  expect_matches(small_model<float>().token_decoder.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits",
+  expect_matches_logging_scaled_error(small_model<float>().token_decoder.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits",
                  kSmallModule);
 }
 
@@ -349,7 +349,7 @@ TEST(ModelSmall, Denoiser) {
   const auto x0 = small_model<float>().denoiser.forward(ctx, read_tensor<float, 3>(in, "x_t"),
                                                         read_tensor<float, 1>(in, "t"),
                                                         read_tensor<float, 3>(in, "self_cond"));
-  expect_matches(x0, out, "x0", kSmallModule);
+  expect_matches_logging_scaled_error(x0, out, "x0", kSmallModule);
 }
 
 TEST(ModelSmall, ReconstructChain) {
@@ -361,10 +361,10 @@ TEST(ModelSmall, ReconstructChain) {
   const auto latents = m.encoder.forward(ctx, features);
   const auto hidden = m.latent_decoder.forward(ctx, latents);
   const auto logits = m.token_decoder.forward(ctx, hidden);
-  expect_matches(features, out, "features", kSmallChain);
-  expect_matches(latents, out, "latents", kSmallChain);
-  expect_matches(hidden, out, "hidden", kSmallChain);
-  expect_matches(logits, out, "logits", kSmallChain);
+  expect_matches_logging_scaled_error(features, out, "features", kSmallChain);
+  expect_matches_logging_scaled_error(latents, out, "latents", kSmallChain);
+  expect_matches_logging_scaled_error(hidden, out, "hidden", kSmallChain);
+  expect_matches_logging_scaled_error(logits, out, "logits", kSmallChain);
 }
 
 TEST(ModelSmallDouble, Denoiser) {
@@ -374,14 +374,14 @@ TEST(ModelSmallDouble, Denoiser) {
   const auto x0 = small_model<double>().denoiser.forward(ctx, read_tensor<double, 3>(in, "x_t"),
                                                          read_tensor<double, 1>(in, "t"),
                                                          read_tensor<double, 3>(in, "self_cond"));
-  expect_matches(x0, out, "x0", kDoubleModule);
+  expect_matches_logging_scaled_error(x0, out, "x0", kDoubleModule);
 }
 
 TEST(ModelSmallDouble, TokenDecoder) {
   const auto in = open_reference("model_small/token_decoder.inputs.safetensors");
   const auto out = open_reference("model_small/token_decoder.outputs.safetensors");
   Context ctx;
-  expect_matches(small_model<double>().token_decoder.forward(ctx, read_tensor<double, 3>(in, "hidden")), out,
+  expect_matches_logging_scaled_error(small_model<double>().token_decoder.forward(ctx, read_tensor<double, 3>(in, "hidden")), out,
                  "logits", kDoubleModule);
 }
 
@@ -419,7 +419,7 @@ TEST_F(ModelBase, FeatureModel) {
   const auto out = open_reference("model_base/feature_model.outputs.safetensors");
   Context ctx(2);
   const auto& fm = ready(model_->feature_model, "feature_model", in);
-  expect_matches(fm.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens")), out, "features", kBaseModule);
+  expect_matches_logging_scaled_error(fm.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens")), out, "features", kBaseModule);
 }
 
 TEST_F(ModelBase, Encoder) {
@@ -427,7 +427,7 @@ TEST_F(ModelBase, Encoder) {
   const auto out = open_reference("model_base/encoder.outputs.safetensors");
   Context ctx(2);
   const auto& enc = ready(model_->encoder, "encoder", in);
-  expect_matches(enc.forward(ctx, read_tensor<float, 3>(in, "features")), out, "latents", kBaseModule);
+  expect_matches_logging_scaled_error(enc.forward(ctx, read_tensor<float, 3>(in, "features")), out, "latents", kBaseModule);
 }
 
 TEST_F(ModelBase, LatentDecoder) {
@@ -435,7 +435,7 @@ TEST_F(ModelBase, LatentDecoder) {
   const auto out = open_reference("model_base/latent_decoder.outputs.safetensors");
   Context ctx(2);
   const auto& dec = ready(model_->latent_decoder, "latent_decoder", in);
-  expect_matches(dec.forward(ctx, read_tensor<float, 3>(in, "latents")), out, "hidden", kBaseModule);
+  expect_matches_logging_scaled_error(dec.forward(ctx, read_tensor<float, 3>(in, "latents")), out, "hidden", kBaseModule);
 }
 
 TEST_F(ModelBase, TokenDecoder) {
@@ -443,7 +443,7 @@ TEST_F(ModelBase, TokenDecoder) {
   const auto out = open_reference("model_base/token_decoder.outputs.safetensors");
   Context ctx(2);
   const auto& dec = ready(model_->token_decoder, "token_decoder", in);
-  expect_matches(dec.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits", kBaseModule);
+  expect_matches_logging_scaled_error(dec.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits", kBaseModule);
 }
 
 TEST_F(ModelBase, Denoiser) {
@@ -453,7 +453,7 @@ TEST_F(ModelBase, Denoiser) {
   const auto& den = ready(model_->denoiser, "denoiser", in);
   const auto x0 = den.forward(ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"),
                               read_tensor<float, 3>(in, "self_cond"));
-  expect_matches(x0, out, "x0", kBaseModule);
+  expect_matches_logging_scaled_error(x0, out, "x0", kBaseModule);
 }
 
 TEST_F(ModelBase, ReconstructChain) {
@@ -468,10 +468,10 @@ TEST_F(ModelBase, ReconstructChain) {
   const auto latents = enc.forward(ctx, features);
   const auto hidden = dec.forward(ctx, latents);
   const auto logits = tok.forward(ctx, hidden);
-  expect_matches(features, out, "features", kBaseChain);
-  expect_matches(latents, out, "latents", kBaseChain);
-  expect_matches(hidden, out, "hidden", kBaseChain);
-  expect_matches(logits, out, "logits", kBaseChain);
+  expect_matches_logging_scaled_error(features, out, "features", kBaseChain);
+  expect_matches_logging_scaled_error(latents, out, "latents", kBaseChain);
+  expect_matches_logging_scaled_error(hidden, out, "hidden", kBaseChain);
+  expect_matches_logging_scaled_error(logits, out, "logits", kBaseChain);
 }
 
 // ---------------------------------------------------------------------------
@@ -614,7 +614,7 @@ TEST_F(ModelLoading, OneModuleFromTheFullCheckpoint) {
   const auto in = open_reference("model_small/denoiser.inputs.safetensors");
   const auto out = open_reference("model_small/denoiser.outputs.safetensors");
   Context ctx;
-  expect_matches(denoiser.forward(ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"),
+  expect_matches_logging_scaled_error(denoiser.forward(ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"),
                                   read_tensor<float, 3>(in, "self_cond")),
                  out, "x0", kSmallModule);
 
@@ -655,7 +655,7 @@ TEST_F(ModelLoading, HuggingFaceGpt2WithAndWithoutTransformerPrefix) {
     GPT2Features<float> gpt2(small_config());
     load_hf_gpt2(gpt2, SafetensorsFile::open(path));
     Context ctx;
-    expect_matches(gpt2.forward(ctx, tokens), out, "features", kSmallModule);
+    expect_matches_logging_scaled_error(gpt2.forward(ctx, tokens), out, "features", kSmallModule);
   }
 }
 

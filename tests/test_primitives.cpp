@@ -14,6 +14,8 @@
 
 namespace {
 
+using ldlm::test::expect_matches;
+
 using namespace ldlm;
 using ldlm::test::matches_reference;
 using ldlm::test::max_abs_diff;
@@ -39,16 +41,6 @@ void load_case_parameters(M& module, const SafetensorsFile& file, bool reject_un
   load_parameters(module, file, "param.", options);
 }
 
-/// Asserts parity and records the maximum error as a test property (visible in
-/// --gtest_output=xml/json) so the observed margins are on file.
-template <class S, int Rank>
-void expect_matches(const Tensor<S, Rank>& got, const SafetensorsFile& file, const std::string& name,
-                    const std::string& variant = "") {
-  const auto result = matches_reference(got, file, name, kTol);
-  EXPECT_TRUE(result) << "case " << file.metadata().at("case") << variant;
-  if (result) ::testing::Test::RecordProperty(name + variant, result.message());
-}
-
 template <class S, int Rank>
 Tensor<S, Rank> zeros_like(const Tensor<S, Rank>& t) {
   Tensor<S, Rank> z(t.dimensions());
@@ -67,7 +59,7 @@ void check_layer_norm_gain() {
   auto y = zeros_like(x);
   Context ctx;
   norm.forward(ctx, as_matrix(x), as_matrix(y));
-  expect_matches(y, file, "output.y", std::is_same_v<S, double> ? " (double)" : "");
+  expect_matches(y, file, "output.y", kTol, std::is_same_v<S, double> ? " (double)" : "");
 }
 
 TEST(LayerNormGain, MatchesReferenceAtD768) { check_layer_norm_gain<float>(); }
@@ -88,7 +80,7 @@ TEST(LayerNormBias, MatchesReference) {
   auto y = zeros_like(x);
   Context ctx;
   norm.forward(ctx, as_matrix(x), as_matrix(y));
-  expect_matches(y, file, "output.y");
+  expect_matches(y, file, "output.y", kTol);
 }
 
 template <class S>
@@ -100,7 +92,7 @@ void check_rms_norm() {
   auto y = zeros_like(x);
   Context ctx;
   norm.forward(ctx, as_matrix(x), as_matrix(y));
-  expect_matches(y, file, "output.y", std::is_same_v<S, double> ? " (double)" : "");
+  expect_matches(y, file, "output.y", kTol, std::is_same_v<S, double> ? " (double)" : "");
 }
 
 TEST(RmsNorm, MatchesReference) { check_rms_norm<float>(); }
@@ -149,8 +141,8 @@ void check_linear_free_function() {
   linear<S>(ctx, as_matrix(x), as_matrix(w), b.data(), as_matrix(y));
   linear<S>(ctx, as_matrix(x), as_matrix(w), nullptr, as_matrix(y_nobias));
   const std::string variant = std::is_same_v<S, double> ? " (ldlm::linear, double)" : " (ldlm::linear)";
-  expect_matches(y, file, "output.y", variant);
-  expect_matches(y_nobias, file, "output.y_nobias", variant);
+  expect_matches(y, file, "output.y", kTol, variant);
+  expect_matches(y_nobias, file, "output.y_nobias", kTol, variant);
 }
 
 TEST(Linear, FreeFunctionWithAndWithoutBias) { check_linear_free_function<float>(); }
@@ -167,8 +159,8 @@ TEST(Linear, ModuleWithAndWithoutBias) {
   Context ctx;
   with_bias.forward(ctx, as_matrix(x), as_matrix(y));
   without_bias.forward(ctx, as_matrix(x), as_matrix(y_nobias));
-  expect_matches(y, file, "output.y", " (nn::Linear)");
-  expect_matches(y_nobias, file, "output.y_nobias", " (nn::Linear)");
+  expect_matches(y, file, "output.y", kTol, " (nn::Linear)");
+  expect_matches(y_nobias, file, "output.y_nobias", kTol, " (nn::Linear)");
 }
 
 // -------------------------------------------------------------------- activations
@@ -185,9 +177,9 @@ void check_activations() {
   const auto file = open_reference("primitives/activations.safetensors");
   const auto x = read_tensor<S, 1>(file, "input.x");
   const std::string variant = std::is_same_v<S, double> ? " (double)" : "";
-  expect_matches(apply_activation<S>(x, gelu_erf_inplace<S>), file, "output.gelu_erf", variant);
-  expect_matches(apply_activation<S>(x, gelu_tanh_inplace<S>), file, "output.gelu_tanh", variant);
-  expect_matches(apply_activation<S>(x, silu_inplace<S>), file, "output.silu", variant);
+  expect_matches(apply_activation<S>(x, gelu_erf_inplace<S>), file, "output.gelu_erf", kTol, variant);
+  expect_matches(apply_activation<S>(x, gelu_tanh_inplace<S>), file, "output.gelu_tanh", kTol, variant);
+  expect_matches(apply_activation<S>(x, silu_inplace<S>), file, "output.silu", kTol, variant);
 }
 
 TEST(Activations, MatchReference) { check_activations<float>(); }
@@ -221,7 +213,7 @@ void check_swiglu() {
   auto y = zeros_like(x);
   Context ctx;
   mlp.forward(ctx, as_matrix(x), as_matrix(y));
-  expect_matches(y, file, "output.y", std::is_same_v<S, double> ? " (double)" : "");
+  expect_matches(y, file, "output.y", kTol, std::is_same_v<S, double> ? " (double)" : "");
 }
 
 TEST(SwiGLU, MatchesReference) { check_swiglu<float>(); }
@@ -235,7 +227,7 @@ TEST(PerceiverFFN, MatchesReference) {
   auto y = zeros_like(x);
   Context ctx;
   ffn.forward(ctx, as_matrix(x), as_matrix(y));
-  expect_matches(y, file, "output.y");
+  expect_matches(y, file, "output.y", kTol);
 }
 
 // ---------------------------------------------------------- modulation and masking
@@ -252,13 +244,13 @@ TEST(Modulate, ModulateAndGatedResidualMatchReference) {
   Context ctx;
   modulate<float>(ctx, as_matrix(x), as_matrix(shift), as_matrix(scale), T, as_matrix(modulated));
   gated_residual_add<float>(ctx, as_matrix(residual), as_matrix(gate), as_matrix(x), T);
-  expect_matches(modulated, file, "output.modulated");
-  expect_matches(residual, file, "output.gated");
+  expect_matches(modulated, file, "output.modulated", kTol);
+  expect_matches(residual, file, "output.gated", kTol);
 
   // In place, as the denoiser calls it.
   auto in_place = x;
   modulate<float>(ctx, as_matrix(in_place), as_matrix(shift), as_matrix(scale), T, as_matrix(in_place));
-  expect_matches(in_place, file, "output.modulated", " (in place)");
+  expect_matches(in_place, file, "output.modulated", kTol, " (in place)");
 }
 
 TEST(ScaleMask, MatchesReference) {
@@ -269,7 +261,7 @@ TEST(ScaleMask, MatchesReference) {
   auto y = zeros_like(x);
   Context ctx;
   scale_mask.forward(ctx, as_matrix(x), as_matrix(y));
-  expect_matches(y, file, "output.y");
+  expect_matches(y, file, "output.y", kTol);
 }
 
 // ------------------------------------------------------------ position embeddings
@@ -283,7 +275,7 @@ void check_positions() {
   pos.setZero();
   Context ctx;
   positions.add_to(ctx, 7, as_matrix(pos));
-  expect_matches(pos, file, "output.pos", std::is_same_v<S, double> ? " (double)" : "");
+  expect_matches(pos, file, "output.pos", kTol, std::is_same_v<S, double> ? " (double)" : "");
 }
 
 TEST(Positions, MatchReference) { check_positions<float>(); }
@@ -304,8 +296,8 @@ TEST(TimestepEmbedding, CosSinMatchesAndFlipSwitchGivesSinCos) {
   Tensor2<float> emb(B, 768), emb_flip(B, 768);
   timestep_embedding<float>(t.data(), B, 10.0, /*flip=*/false, as_matrix(emb));
   timestep_embedding<float>(t.data(), B, 10.0, /*flip=*/true, as_matrix(emb_flip));
-  expect_matches(emb, file, "output.emb");
-  expect_matches(emb_flip, file, "output.emb_flip");
+  expect_matches(emb, file, "output.emb", kTol);
+  expect_matches(emb_flip, file, "output.emb_flip", kTol);
   // The two orders must be distinguishable, or the switch would be untested.
   EXPECT_GT(max_abs_diff(emb, read_tensor<float, 2>(file, "output.emb_flip")), kBugGap);
 }
@@ -329,8 +321,8 @@ void check_rotary() {
   const auto file = open_reference("primitives/rotary.safetensors");
   const auto x = read_tensor<S, 4>(file, "input.x");
   const std::string variant = std::is_same_v<S, double> ? " (double)" : "";
-  expect_matches(rotate(x, false), file, "output.y", variant);
-  expect_matches(rotate(x, true), file, "output.y_interleaved", variant);
+  expect_matches(rotate(x, false), file, "output.y", kTol, variant);
+  expect_matches(rotate(x, true), file, "output.y_interleaved", kTol, variant);
 }
 
 TEST(Rotary, HalfSplitAndInterleavedSwitchMatchReference) { check_rotary<float>(); }
@@ -344,7 +336,7 @@ TEST(Rotary, HalfSplitIsTheDefaultAndDiffersFromInterleaved) {
   Arena::Scope scope(ctx.arena());
   const auto table = make_rotary_table<float>(ctx.arena(), 7, 16, 10000.0);
   apply_rotary_inplace<float>(ctx, as_matrix(by_default), 0, 1, 16, 7, table);
-  expect_matches(by_default, file, "output.y", " (default pairing)");
+  expect_matches(by_default, file, "output.y", kTol, " (default pairing)");
   EXPECT_GT(max_abs_diff(by_default, read_tensor<float, 4>(file, "output.y_interleaved")), kBugGap);
   EXPECT_GT(max_abs_diff(rotate(x, true), read_tensor<float, 4>(file, "output.y")), kBugGap);
 }

@@ -79,6 +79,16 @@ template <class S, int Rank>
   return all_close(name, got.data(), ref.data(), shape_of(ref), tol);
 }
 
+/// Asserts parity and records the result (with the maximum error) as a test property,
+/// visible in --gtest_output=xml/json, so the observed margins are on file.
+template <class S, int Rank>
+void expect_matches(const Tensor<S, Rank>& got, const SafetensorsFile& file, const std::string& name, Tolerance tol,
+                    const std::string& variant = "") {
+  const auto result = matches_reference(got, file, name, tol);
+  EXPECT_TRUE(result) << "case " << file.metadata().at("case") << variant;
+  if (result) ::testing::Test::RecordProperty(name + variant, result.message());
+}
+
 /// The largest |a - b| over two same-shaped tensors (for "this bug must show" checks).
 template <class S, int Rank>
 double max_abs_diff(const Tensor<S, Rank>& a, const Tensor<float, Rank>& b) {
