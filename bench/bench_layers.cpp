@@ -182,16 +182,17 @@ void BM_attn_gpt2(benchmark::State& state) {
 
 // --- blocks and modules ----------------------------------------------------------
 
+// Useful FLOPs count the per-token weights at 2·T and the attention products;
+// adaLN and the time MLP, which act once per sequence, are left out (issue 7).
 double ddit_block_flops(double T) {
-  return linear_flops(kB, kD, 6 * kD)                                                        // adaLN
-         + linear_flops(kB * T, kD, 3 * kD) + linear_flops(kB * T, kD, kD) + kB * attention_flops(T, T, kD)  // attention
+  return linear_flops(kB * T, kD, 3 * kD) + linear_flops(kB * T, kD, kD) + kB * attention_flops(T, T, kD)  // attention
          + linear_flops(kB * T, kD, kHidden) + linear_flops(kB * T, kHidden, kD);              // MLP
 }
 
 // One DDiT block (adaLN, 2 norms + modulate, attention, GELU MLP, gated residuals).
 // The block updates x in place, so each iteration first restores x from the input
 // (a 3 MB copy, well under 1% of the block).
-// FLOPs: 2·B·d·6d + 8·T·d² + 4·T²·d + 2·T·d·4d·2 = 24·T·d² + 4·T²·d + 12·B·d².
+// FLOPs: 8·T·d² + 4·T²·d + 2·T·d·4d·2 = 24·T·d² + 4·T²·d (adaLN not counted).
 void BM_ddit_block(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
   const auto& block = cached_module<ldlm::DDiTBlock<S>>("ddit_block", [] { return ldlm::DDiTBlock<S>(kBase); });
@@ -205,13 +206,11 @@ void BM_ddit_block(benchmark::State& state) {
   });
 }
 
-// Denoiser FLOPs: input_proj 2·T·2d·d, time_emb 2·B·(d·2d + 2d·d), 12 blocks,
-// output adaLN 2·B·d·2d, output linear 2·T·d·d
-//   = 294·T·d² + 48·T²·d + 156·B·d²  (12 blocks).
+// Denoiser FLOPs: input_proj 2·T·2d·d, 12 blocks, output linear 2·T·d·d
+//   = 294·T·d² + 48·T²·d  (time MLP and the adaLN projections not counted).
 double denoiser_flops(double T) {
   const double blocks = static_cast<double>(kBase.denoiser_blocks);
-  return linear_flops(kB * T, 2 * kD, kD) + linear_flops(kB, kD, 2 * kD) + linear_flops(kB, 2 * kD, kD) +
-         blocks * ddit_block_flops(T) + linear_flops(kB, kD, 2 * kD) + linear_flops(kB * T, kD, kD);
+  return linear_flops(kB * T, 2 * kD, kD) + blocks * ddit_block_flops(T) + linear_flops(kB * T, kD, kD);
 }
 
 void denoiser_case(benchmark::State& state, Index T, int threads) {

@@ -1,6 +1,6 @@
-// Parity of the four attention modules with their PyTorch dumps (B = 2, T = 37: not
-// a multiple of the 64-query tile), the kernel against a naive double-precision
-// attention beyond one tile (T = 100, Tq != Tk, causal, softcap), proof that the
+// Parity of the four attention modules with their PyTorch dumps (B = 2, T = 37: a
+// partial query tile), the kernel against a naive double-precision attention
+// beyond one tile (T = tile + 44, Tq != Tk, causal, softcap), proof that the
 // dumps catch the classic bugs (interleaved rotary, softcap before the scale, q/k
 // norm over the full width, no softcap), shape errors with their messages, and
 // agreement across thread counts.
@@ -379,10 +379,14 @@ std::string describe(const KernelCase& k) {
          std::to_string(k.softcap) + (k.causal ? ", causal" : "");
 }
 
+// Lengths around the query tile: a partial second tile, Tq != Tk both ways, and
+// a causal case one query past a whole tile.
+constexpr Index kTile = kAttentionQueryTile, kLong = kTile + 44;
 const KernelCase kKernelCases[] = {
-    {2, 100, 100, 3, 16, 0.0, false}, {2, 100, 100, 3, 16, 0.0, true},  {2, 100, 100, 3, 16, 5.0, false},
-    {2, 100, 100, 3, 16, 5.0, true},  {2, 100, 130, 3, 16, 5.0, false}, {2, 37, 150, 2, 16, 5.0, false},
-    {1, 130, 20, 2, 8, 0.0, false},   {3, 129, 129, 2, 16, 5.0, true},
+    {2, kLong, kLong, 3, 16, 0.0, false},     {2, kLong, kLong, 3, 16, 0.0, true},
+    {2, kLong, kLong, 3, 16, 5.0, false},     {2, kLong, kLong, 3, 16, 5.0, true},
+    {2, kLong, kLong + 30, 3, 16, 5.0, false}, {2, 37, kLong + 50, 2, 16, 5.0, false},
+    {1, kLong + 30, 20, 2, 8, 0.0, false},    {3, kTile + 1, kTile + 1, 2, 16, 5.0, true},
 };
 
 /// Runs ldlm::attention on q as columns [d, 2d) of a [B*Tq, 2d] buffer and k | v as one
@@ -442,11 +446,11 @@ TEST(AttentionKernel, DoubleScalarMatchesNaiveDouble) {
 }
 
 TEST(AttentionKernel, SoftcapBeforeScaleIsCaughtBeyondOneTile) {
-  const KernelCase kc{2, 100, 100, 3, 16, 5.0, true};
+  const KernelCase kc{2, kLong, kLong, 3, 16, 5.0, true};
   const auto in = kernel_inputs(kc, 17);
   Context ctx;
   const Matrix<float> got = run_kernel<float>(ctx, in.q, in.k, in.v, kc);
-  const Matrix<double> wrong = naive_attention(in.q, in.k, in.v, {2, 100, 100, 3, 16}, 5.0, true, true);
+  const Matrix<double> wrong = naive_attention(in.q, in.k, in.v, {2, kLong, kLong, 3, 16}, 5.0, true, true);
   EXPECT_GT((got.cast<double>() - wrong).cwiseAbs().maxCoeff(), kBugGap);
 }
 
@@ -565,7 +569,7 @@ TEST(AttentionThreads, OneAndTwoThreadsAgreeAndRepeatsAreBitwiseIdentical) {
 }
 
 TEST(AttentionThreads, KernelBeyondOneTileAgreesAcrossThreadCounts) {
-  const KernelCase kc{2, 100, 100, 3, 16, 5.0, true};
+  const KernelCase kc{2, kLong, kLong, 3, 16, 5.0, true};
   const auto in = kernel_inputs(kc, 5);
   Context one(1), two(2);
   const Matrix<float> a = run_kernel<float>(one, in.q, in.k, in.v, kc);

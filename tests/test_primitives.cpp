@@ -6,14 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "ldlm/io/checkpoint.hpp"
 #include "ldlm/ldlm.hpp"
+#include "support/errors.hpp"
 #include "support/reference.hpp"
 
 namespace {
 
+using ldlm::test::error_of;
 using ldlm::test::expect_matches;
 
 using namespace ldlm;
@@ -148,6 +151,54 @@ void check_linear_free_function() {
 TEST(Linear, FreeFunctionWithAndWithoutBias) { check_linear_free_function<float>(); }
 TEST(Linear, FreeFunctionWithDoubleScalar) { check_linear_free_function<double>(); }
 
+// gemm maps row-major operands onto the column-major BLAS call (when built with
+// one); checked here against a plain double loop on strided sub-blocks, with
+// alpha and beta away from 0 and 1, for both weight layouts.
+template <class S>
+void check_gemm_on_strided_blocks() {
+  constexpr Index M = 37, N = 29, K = 70;
+  const Matrix<S> big_a = Matrix<S>::Random(M + 3, K + 5), big_bt = Matrix<S>::Random(N + 2, K + 4);
+  const Matrix<S> big_b = big_bt.transpose();  // [K + 4, N + 2]
+  Matrix<S> c0 = Matrix<S>::Random(M + 4, N + 6);
+  const auto a = big_a.block(2, 3, M, K);
+  const auto bt = big_bt.block(1, 2, N, K);  // [N, K]
+  const auto b = big_b.block(2, 1, K, N);    // [K, N], the same numbers
+  const S alpha = S(0.75), beta = S(-0.5);
+  Eigen::MatrixXd expected(M, N);
+  for (Index i = 0; i < M; ++i)
+    for (Index j = 0; j < N; ++j) {
+      double dot = 0;
+      for (Index k = 0; k < K; ++k) dot += double(a(i, k)) * double(b(k, j));
+      expected(i, j) = double(alpha) * dot + double(beta) * double(c0(i + 1, j + 2));
+    }
+  for (const bool transpose_b : {true, false}) {
+    Matrix<S> c = c0;
+    if (transpose_b)
+      gemm<S>(a, bt, true, alpha, beta, c.block(1, 2, M, N));
+    else
+      gemm<S>(a, b, false, alpha, beta, c.block(1, 2, M, N));
+    const double err = (c.block(1, 2, M, N).template cast<double>() - expected).cwiseAbs().maxCoeff();
+    EXPECT_LT(err, 1e-5) << "transpose_b = " << transpose_b;
+    // Outside the target block, c is untouched.
+    Matrix<S> outside = c - c0;
+    outside.block(1, 2, M, N).setZero();
+    EXPECT_EQ(outside.cwiseAbs().maxCoeff(), S(0)) << "transpose_b = " << transpose_b;
+    // beta = 0 never reads c: NaN already there must not survive.
+    c.block(1, 2, M, N).setConstant(std::numeric_limits<S>::quiet_NaN());
+    gemm<S>(a, bt, true, S(1), S(0), c.block(1, 2, M, N));
+    EXPECT_TRUE(c.allFinite());
+  }
+  // One row bound from a row vector, whose outer stride Eigen may report as 1.
+  const Eigen::Matrix<S, 1, Eigen::Dynamic> a_row = a.row(0);
+  Eigen::Matrix<S, 1, Eigen::Dynamic> c_row(N);
+  gemm<S>(a_row, bt, true, S(1), S(0), c_row);
+  const Eigen::RowVectorXd expected_row = a_row.template cast<double>() * b.template cast<double>();
+  EXPECT_LT((c_row.template cast<double>() - expected_row).cwiseAbs().maxCoeff(), 1e-5);
+}
+
+TEST(Gemm, StridedBlocksBothLayoutsAlphaBeta) { check_gemm_on_strided_blocks<float>(); }
+TEST(Gemm, StridedBlocksWithDoubleScalar) { check_gemm_on_strided_blocks<double>(); }
+
 TEST(Linear, ModuleWithAndWithoutBias) {
   const auto file = open_reference("primitives/linear.safetensors");
   nn::Linear<float> with_bias(24, 40, true), without_bias(24, 40, false);
@@ -251,6 +302,38 @@ TEST(Modulate, ModulateAndGatedResidualMatchReference) {
   auto in_place = x;
   modulate<float>(ctx, as_matrix(in_place), as_matrix(shift), as_matrix(scale), T, as_matrix(in_place));
   expect_matches(in_place, file, "output.modulated", kTol, " (in place)");
+}
+
+// The denoiser's fused norm + modulate must be exactly the two ops in sequence
+// (whose parities are tested above): same float operations, same order.
+TEST(Modulate, FusedLayerNormModulateEqualsTheComposition) {
+  const auto file = open_reference("primitives/modulate.safetensors");
+  const auto x = read_tensor<float, 3>(file, "input.x");
+  const auto shift = read_tensor<float, 2>(file, "input.shift");
+  const auto scale = read_tensor<float, 2>(file, "input.scale");
+  const Index T = x.dimension(1), d = x.dimension(2);
+  const Vector<float> gamma = Vector<float>::LinSpaced(d, 0.5f, 1.5f);
+  Context ctx;
+  auto composed = zeros_like(x);
+  layer_norm_gain<float>(ctx, as_matrix(x), gamma.data(), 1e-5f, as_matrix(composed));
+  modulate<float>(ctx, as_matrix(composed), as_matrix(shift), as_matrix(scale), T, as_matrix(composed));
+  auto fused = zeros_like(x);
+  layer_norm_modulate<float>(ctx, as_matrix(x), gamma.data(), 1e-5f, as_matrix(shift), as_matrix(scale), T,
+                             as_matrix(fused));
+  EXPECT_EQ(as_matrix(fused), as_matrix(composed));
+  auto in_place = x;
+  layer_norm_modulate<float>(ctx, as_matrix(in_place), gamma.data(), 1e-5f, as_matrix(shift), as_matrix(scale), T,
+                             as_matrix(in_place));
+  EXPECT_EQ(as_matrix(in_place), as_matrix(composed));
+
+  // shift with the wrong batch: the message names the op and both shapes.
+  const Matrix<float> short_shift = as_matrix(shift).topRows(1);
+  const auto message = error_of<ShapeError>([&] {
+    layer_norm_modulate<float>(ctx, as_matrix(x), gamma.data(), 1e-5f, short_shift, as_matrix(scale), T,
+                               as_matrix(fused));
+  });
+  EXPECT_NE(message.find("layer_norm_modulate"), std::string::npos) << message;
+  EXPECT_NE(message.find("needs shift and scale [2, 16], got [1, 16] and [2, 16]"), std::string::npos) << message;
 }
 
 TEST(ScaleMask, MatchesReference) {

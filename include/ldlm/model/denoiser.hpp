@@ -60,13 +60,11 @@ struct DDiTBlock {
     adaLN_modulation.forward(ctx, c, ada);
     auto chunk = [&](int i) { return ada.middleCols(i * d, d); };  // shift_a, scale_a, gate_a, shift_m, scale_m, gate_m
 
-    norm1.forward(ctx, x, y);
-    modulate<S>(ctx, y, chunk(0), chunk(1), T, y);
+    norm1.forward_modulated(ctx, x, chunk(0), chunk(1), T, y);
     attn.forward(ctx, y, B, T, &rotary, out);
     gated_residual_add<S>(ctx, x, chunk(2), out, T);
 
-    norm2.forward(ctx, x, y);
-    modulate<S>(ctx, y, chunk(3), chunk(4), T, y);
+    norm2.forward_modulated(ctx, x, chunk(3), chunk(4), T, y);
     mlp.forward(ctx, y, out);
     gated_residual_add<S>(ctx, x, chunk(5), out, T);
   }
@@ -130,9 +128,8 @@ class Denoiser {
     input_proj.forward(ctx, in, x);
     condition(ctx, t, B, c);
     for (const auto& block : blocks) block.forward(ctx, x, c, B, T, rotary);
-    norm_final.forward(ctx, x, x);
     out_adaLN.forward(ctx, c, ada);
-    modulate<S>(ctx, x, ada.leftCols(d), ada.rightCols(d), T, x);
+    norm_final.forward_modulated(ctx, x, ada.leftCols(d), ada.rightCols(d), T, x);
     out_linear.forward(ctx, x, x0);
     check_finite<S>(ctx, "denoiser", "x0", x0);
   }

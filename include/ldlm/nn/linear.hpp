@@ -2,7 +2,9 @@
 // ([in, out], the transpose).
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <utility>
 
 #include "ldlm/core/parameter.hpp"
 #include "ldlm/ops/linear.hpp"
@@ -28,9 +30,11 @@ struct Linear {
     if (has_bias) f(prefix + "bias", bias);
   }
 
-  /// y[M, out] = x[M, in] Wᵀ (+ b). y must not alias x.
-  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
-    linear<S>(ctx, x, weight.matrix(), has_bias ? bias.data() : nullptr, y, WeightLayout::out_in);
+  /// y[M, out] = x[M, in] Wᵀ (+ b), then epilogue (see ldlm::linear). y must not alias x.
+  template <class Epilogue = std::nullptr_t>
+  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
+    linear<S>(ctx, x, weight.matrix(), has_bias ? bias.data() : nullptr, y, WeightLayout::out_in,
+              std::forward<Epilogue>(epilogue));
   }
 };
 
@@ -52,8 +56,9 @@ struct Conv1D {
     f(prefix + "bias", bias);
   }
 
-  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
-    linear<S>(ctx, x, weight.matrix(), bias.data(), y, WeightLayout::in_out);
+  template <class Epilogue = std::nullptr_t>
+  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
+    linear<S>(ctx, x, weight.matrix(), bias.data(), y, WeightLayout::in_out, std::forward<Epilogue>(epilogue));
   }
 };
 

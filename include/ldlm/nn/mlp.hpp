@@ -34,8 +34,7 @@ struct PerceiverFFN {
     MatrixMap<S> n(ctx.arena().allocate<S>(rows * x.cols()), rows, x.cols());  // [rows, d]
     MatrixMap<S> h(ctx.arena().allocate<S>(rows * hidden), rows, hidden);      // [rows, h]
     norm.forward(ctx, x, n);
-    up.forward(ctx, n, h);
-    gelu_erf_inplace(h.data(), h.size());
+    up.forward(ctx, n, h, rowwise<S>(gelu_erf_inplace<S>));
     down.forward(ctx, h, y);
   }
 };
@@ -61,9 +60,8 @@ struct SwiGLU {
     const Index rows = x.rows(), hidden = gate_proj.out_features();
     MatrixMap<S> g(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
     MatrixMap<S> u(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
-    gate_proj.forward(ctx, x, g);
+    gate_proj.forward(ctx, x, g, rowwise<S>(silu_inplace<S>));
     up_proj.forward(ctx, x, u);
-    silu_inplace(g.data(), g.size());
     g.array() *= u.array();
     down_proj.forward(ctx, g, y);
   }
@@ -87,8 +85,7 @@ struct GeluMLP {
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
     MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * fc1.out_features()), x.rows(), fc1.out_features());  // [rows, h]
-    fc1.forward(ctx, x, h);
-    gelu_tanh_inplace(h.data(), h.size());
+    fc1.forward(ctx, x, h, rowwise<S>(gelu_tanh_inplace<S>));
     fc2.forward(ctx, h, y);
   }
 };
@@ -111,8 +108,7 @@ struct GPT2MLP {
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
     MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * c_fc.out_features()), x.rows(), c_fc.out_features());  // [rows, h]
-    c_fc.forward(ctx, x, h);
-    gelu_tanh_inplace(h.data(), h.size());
+    c_fc.forward(ctx, x, h, rowwise<S>(gelu_tanh_inplace<S>));
     c_proj.forward(ctx, h, y);
   }
 };

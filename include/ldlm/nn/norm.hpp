@@ -4,7 +4,7 @@
 #include <string>
 
 #include "ldlm/core/parameter.hpp"
-#include "ldlm/ops/norm.hpp"
+#include "ldlm/ops/modulate.hpp"
 
 namespace ldlm::nn {
 
@@ -23,6 +23,11 @@ struct LayerNormGain {
   }
   /// y may alias x.
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const { layer_norm_gain<S>(ctx, x, weight.data(), eps, y); }
+  /// forward, then adaLN's modulate with per-sequence shift, scale [B, n], in one pass. y may alias x.
+  void forward_modulated(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> shift, ConstMatRef<S> scale, Index T,
+                         MatRef<S> y) const {
+    layer_norm_modulate<S>(ctx, x, weight.data(), eps, shift, scale, T, y);
+  }
 };
 
 /// torch.nn.LayerNorm (weight and bias).

@@ -34,4 +34,13 @@ void silu_inplace(S* x, Index n) {
   a = a / (S(1) + (-a).exp());
 }
 
+/// An epilogue for ldlm::linear that applies one of the activations above to
+/// each row of a finished block, while the task that wrote it still holds it.
+template <class S>
+auto rowwise(void (*activation)(S*, Index)) {
+  return [activation](MatRef<S> block) {
+    for (Index r = 0; r < block.rows(); ++r) activation(block.row(r).data(), block.cols());
+  };
+}
+
 }  // namespace ldlm

@@ -7,12 +7,49 @@
 
 namespace ldlm {
 
+namespace detail {
+/// One row of modulate: y = x ⊙ (1 + scale) + shift over [0, n). y may alias x.
+template <class S>
+void modulate_row(const S* x, const S* shift, const S* scale, Index n, S* y) {
+  const ConstRowVectorMap<S> x_row(x, n), shift_row(shift, n), scale_row(scale, n);
+  RowVectorMap<S>(y, n) = x_row.cwiseProduct((scale_row.array() + S(1)).matrix()) + shift_row;
+}
+
+inline void check_modulate_shapes(const char* op, Index rows, Index d, Index T, Index shift_rows, Index shift_cols,
+                                  Index scale_rows, Index scale_cols) {
+  const Index B = T > 0 ? rows / T : 0;
+  if (T <= 0 || B * T != rows || shift_rows != B || scale_rows != B || shift_cols != d || scale_cols != d)
+    throw ShapeError(std::string(op) + ": x [" + std::to_string(rows) + ", " + std::to_string(d) + "] with T = " +
+                     std::to_string(T) + " needs shift and scale [" + std::to_string(B) + ", " + std::to_string(d) +
+                     "], got [" + std::to_string(shift_rows) + ", " + std::to_string(shift_cols) + "] and [" +
+                     std::to_string(scale_rows) + ", " + std::to_string(scale_cols) + "]");
+}
+}  // namespace detail
+
 /// y = x ⊙ (1 + scale[b]) + shift[b]. y may alias x.
 template <class S>
 void modulate(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> shift, ConstMatRef<S> scale, Index T, MatRef<S> y) {
+  const Index d = x.cols();
+  detail::check_modulate_shapes("modulate", x.rows(), d, T, shift.rows(), shift.cols(), scale.rows(), scale.cols());
   detail::for_each_row(ctx, x.rows(), [&](Index r) {
     const Index b = r / T;
-    y.row(r) = x.row(r).cwiseProduct((scale.row(b).array() + S(1)).matrix()) + shift.row(b);
+    detail::modulate_row(x.row(r).data(), shift.row(b).data(), scale.row(b).data(), d, y.row(r).data());
+  });
+}
+
+/// modulate(layer_norm_gain(x)) in one pass, each row still in L1 between the two:
+/// y = (γ ⊙ (x − μ) / sqrt(σ² + ε)) ⊙ (1 + scale[b]) + shift[b]. y may alias x.
+template <class S>
+void layer_norm_modulate(Context& ctx, ConstMatRef<S> x, const S* gamma, float eps, ConstMatRef<S> shift,
+                         ConstMatRef<S> scale, Index T, MatRef<S> y) {
+  const Index d = x.cols();
+  detail::check_norm_shapes("layer_norm_modulate", d, y.rows(), x.rows(), y.cols(), d);
+  detail::check_modulate_shapes("layer_norm_modulate", x.rows(), d, T, shift.rows(), shift.cols(), scale.rows(),
+                                scale.cols());
+  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+    const Index b = r / T;
+    detail::layer_norm_gain_row(x.row(r).data(), gamma, eps, d, y.row(r).data());
+    detail::modulate_row(y.row(r).data(), shift.row(b).data(), scale.row(b).data(), d, y.row(r).data());
   });
 }
 

@@ -28,6 +28,16 @@ inline void check_norm_shapes(const char* op, Index x_cols, Index y_rows, Index 
                      "], weight [" + std::to_string(gain) + "], y [" + std::to_string(y_rows) + ", " +
                      std::to_string(y_cols) + "] do not fit");
 }
+
+/// One row of layer_norm_gain: y[0, n) from x[0, n). y may alias x.
+template <class S>
+void layer_norm_gain_row(const S* x, const S* gamma, float eps, Index n, S* y) {
+  const auto row = ConstRowVectorMap<S>(x, n).template cast<float>().array();  // lazy: no copy for S = float
+  const float mean = row.mean();
+  const float inv_std = 1.0f / std::sqrt((row - mean).square().mean() + eps);
+  RowVectorMap<S>(y, n) =
+      ((row - mean) * inv_std).matrix().template cast<S>().cwiseProduct(ConstRowVectorMap<S>(gamma, n));
+}
 }  // namespace detail
 
 /// Gain-only LayerNorm computed in float32 whatever S is:
@@ -36,13 +46,8 @@ template <class S>
 void layer_norm_gain(Context& ctx, ConstMatRef<S> x, const S* gamma, float eps, MatRef<S> y) {
   const Index n = x.cols();
   detail::check_norm_shapes("layer_norm_gain", n, y.rows(), x.rows(), y.cols(), n);
-  ConstRowVectorMap<S> g(gamma, n);
-  detail::for_each_row(ctx, x.rows(), [&](Index r) {
-    const auto row = x.row(r).template cast<float>().array();  // lazy: no copy for S = float
-    const float mean = row.mean();
-    const float inv_std = 1.0f / std::sqrt((row - mean).square().mean() + eps);
-    y.row(r) = ((row - mean) * inv_std).matrix().template cast<S>().cwiseProduct(g);
-  });
+  detail::for_each_row(ctx, x.rows(),
+                       [&](Index r) { detail::layer_norm_gain_row(x.row(r).data(), gamma, eps, n, y.row(r).data()); });
 }
 
 /// torch.nn.LayerNorm with weight and bias, computed in S.
