@@ -153,7 +153,7 @@ TEST(Linear, FreeFunctionWithDoubleScalar) { check_linear_free_function<double>(
 
 // gemm maps row-major operands onto the column-major BLAS call (when built with
 // one); checked here against a plain double loop on strided sub-blocks, with
-// alpha and beta away from 0 and 1, for both weight layouts.
+// alpha and beta away from 0 and 1, for both layouts of b.
 template <class S>
 void check_gemm_on_strided_blocks() {
   constexpr Index M = 37, N = 29, K = 70;
@@ -171,29 +171,37 @@ void check_gemm_on_strided_blocks() {
       for (Index k = 0; k < K; ++k) dot += double(a(i, k)) * double(b(k, j));
       expected(i, j) = double(alpha) * dot + double(beta) * double(c0(i + 1, j + 2));
     }
+  const auto run = [&](bool transpose_b, S a_scale, S c_scale, MatRef<S> c) {
+    if (transpose_b)
+      gemm<S>(a, bt, true, a_scale, c_scale, c);
+    else
+      gemm<S>(a, b, false, a_scale, c_scale, c);
+  };
   for (const bool transpose_b : {true, false}) {
     Matrix<S> c = c0;
-    if (transpose_b)
-      gemm<S>(a, bt, true, alpha, beta, c.block(1, 2, M, N));
-    else
-      gemm<S>(a, b, false, alpha, beta, c.block(1, 2, M, N));
-    const double err = (c.block(1, 2, M, N).template cast<double>() - expected).cwiseAbs().maxCoeff();
-    EXPECT_LT(err, 1e-5) << "transpose_b = " << transpose_b;
+    run(transpose_b, alpha, beta, c.block(1, 2, M, N));
+    const Eigen::ArrayXXd err = (c.block(1, 2, M, N).template cast<double>() - expected).array().abs();
+    EXPECT_TRUE((err <= 1e-5 + 1e-5 * expected.array().abs()).all())
+        << "transpose_b = " << transpose_b << ": max |error| " << err.maxCoeff();
     // Outside the target block, c is untouched.
     Matrix<S> outside = c - c0;
     outside.block(1, 2, M, N).setZero();
     EXPECT_EQ(outside.cwiseAbs().maxCoeff(), S(0)) << "transpose_b = " << transpose_b;
     // beta = 0 never reads c: NaN already there must not survive.
     c.block(1, 2, M, N).setConstant(std::numeric_limits<S>::quiet_NaN());
-    gemm<S>(a, bt, true, S(1), S(0), c.block(1, 2, M, N));
-    EXPECT_TRUE(c.allFinite());
+    run(transpose_b, S(1), S(0), c.block(1, 2, M, N));
+    EXPECT_TRUE(c.allFinite()) << "transpose_b = " << transpose_b;
   }
-  // One row bound from a row vector, whose outer stride Eigen may report as 1.
+  // A single row, bound from a row vector.
   const Eigen::Matrix<S, 1, Eigen::Dynamic> a_row = a.row(0);
   Eigen::Matrix<S, 1, Eigen::Dynamic> c_row(N);
   gemm<S>(a_row, bt, true, S(1), S(0), c_row);
   const Eigen::RowVectorXd expected_row = a_row.template cast<double>() * b.template cast<double>();
   EXPECT_LT((c_row.template cast<double>() - expected_row).cwiseAbs().maxCoeff(), 1e-5);
+  // An operand of the wrong shape is refused, not read out of bounds.
+  Matrix<S> c = c0;
+  const auto message = error_of<ShapeError>([&] { gemm<S>(a, b, true, S(1), S(0), c.block(1, 2, M, N)); });
+  EXPECT_NE(message.find("b must be [29, 70]"), std::string::npos) << message;
 }
 
 TEST(Gemm, StridedBlocksBothLayoutsAlphaBeta) { check_gemm_on_strided_blocks<float>(); }
@@ -334,6 +342,15 @@ TEST(Modulate, FusedLayerNormModulateEqualsTheComposition) {
   });
   EXPECT_NE(message.find("layer_norm_modulate"), std::string::npos) << message;
   EXPECT_NE(message.find("needs shift and scale [2, 16], got [1, 16] and [2, 16]"), std::string::npos) << message;
+  const auto ragged = error_of<ShapeError>([&] {
+    layer_norm_modulate<float>(ctx, as_matrix(x), gamma.data(), 1e-5f, as_matrix(shift), as_matrix(scale), T + 1,
+                               as_matrix(fused));
+  });
+  EXPECT_NE(ragged.find("x [14, 16] is not a whole number of sequences of T = 8 rows"), std::string::npos) << ragged;
+  Matrix<float> short_y(13, d);
+  const auto small_y = error_of<ShapeError>(
+      [&] { modulate<float>(ctx, as_matrix(x), as_matrix(shift), as_matrix(scale), T, short_y); });
+  EXPECT_NE(small_y.find("modulate: y [13, 16] must match x [14, 16]"), std::string::npos) << small_y;
 }
 
 TEST(ScaleMask, MatchesReference) {

@@ -28,7 +28,7 @@ namespace detail {
 /// single-threaded inside each of our tasks, so the two never oversubscribe the
 /// cores and results do not depend on which thread ran a task. OpenBLAS's OpenMP
 /// build takes its thread count from the calling thread's OpenMP setting, so every
-/// thread that runs ldlm work sets it once (this also sets that thread's
+/// thread that calls ldlm::gemm sets it once (this also sets that thread's
 /// omp_get_max_threads() to 1).
 inline void keep_blas_single_threaded() {
 #if defined(LDLM_USE_BLAS)
@@ -64,7 +64,6 @@ class ThreadPool {
   /// Tasks must write disjoint outputs; results then do not depend on scheduling.
   template <class F>
   void parallel_for(Index n, F&& body) {
-    detail::keep_blas_single_threaded();
     if (n <= 0) return;
     if (size_ == 1 || n == 1) {
       for (Index i = 0; i < n; ++i) body(i, 0);
@@ -101,7 +100,6 @@ class ThreadPool {
   }
 
   void worker_loop(int worker) {
-    detail::keep_blas_single_threaded();
     std::uint64_t seen = 0;
     for (;;) {
       {

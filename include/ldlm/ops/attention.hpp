@@ -1,7 +1,7 @@
 // Scaled dot-product attention over many heads, tile by tile. For each (batch,
 // head, tile of queries) one task computes the tile's scores against every key
 // with a GEMM, caps and exponentiates them, multiplies by V and normalises; a
-// task holds at most kQueryTile × Tk scores, in scratch reserved once per call.
+// task holds at most tile_rows × Tk scores, in scratch reserved once per call.
 #pragma once
 
 #include <array>
@@ -14,8 +14,10 @@ namespace ldlm {
 
 /// Queries per attention task. OpenBLAS repacks K and V for every tile; 256
 /// queries (1 MB of float scores at Tk = 1024) cut that packing from ~10% to ~5%
-/// of attention time against 64-query tiles.
+/// of attention time against 64-query tiles. Tiles shrink (down to 64 queries)
+/// only when there would otherwise be fewer than four tasks per thread.
 inline constexpr Index kAttentionQueryTile = 256;
+inline constexpr Index kAttentionMinQueryTile = 64;
 
 struct AttentionShape {
   Index batch = 1;
@@ -43,30 +45,37 @@ struct HeadRows {
 template <class S>
 void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out, Index out_stride,
                const AttentionShape& shape, const AttentionOptions& options) {
-  constexpr Index kQueryTile = kAttentionQueryTile;
   const Index B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, H = shape.heads, hd = shape.head_dim;
   if (options.causal && Tq != Tk)
     throw ShapeError("attention: causal attention needs as many queries as keys, got Tq = " + std::to_string(Tq) +
                      ", Tk = " + std::to_string(Tk));
   if (Tq == 0 || Tk == 0) return;
-  const Index tiles = (Tq + kQueryTile - 1) / kQueryTile;
+  Index tile_rows = std::min(kAttentionQueryTile, Tq);
+  while (tile_rows > kAttentionMinQueryTile && B * H * ((Tq + tile_rows - 1) / tile_rows) < 4 * ctx.threads())
+    tile_rows /= 2;
+  const Index tiles = (Tq + tile_rows - 1) / tile_rows;
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   const S cap = static_cast<S>(options.softcap);
 
+  // Every worker's scores start 64-byte aligned: Eigen computes a row's unaligned
+  // head with scalar exp/tanh, which round differently from the vector ones, so
+  // the alignment must not depend on which worker runs a tile.
+  constexpr Index kAlignFloats = 64 / static_cast<Index>(sizeof(S));
+  const Index worker_stride = (tile_rows * Tk + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   Arena::Scope scope(ctx.arena());
-  S* scratch = ctx.arena().allocate<S>(static_cast<std::size_t>(ctx.threads()) * kQueryTile * Tk);
+  S* scratch = ctx.arena().allocate<S>(static_cast<std::size_t>(ctx.threads() * worker_stride));
 
   ctx.pool().parallel_for(B * H * tiles, [&](Index task, int worker) {
     const Index tile = task % tiles, h = (task / tiles) % H, b = task / (tiles * H);
-    const Index i0 = tile * kQueryTile, rows = std::min(kQueryTile, Tq - i0);
+    const Index i0 = tile * tile_rows, rows = std::min(tile_rows, Tq - i0);
     // Causal tiles only need keys up to their last query.
     const Index keys = options.causal ? i0 + rows : Tk;
     ConstStridedMap<S> Q(q.data + (b * Tq + i0) * q.row_stride + h * hd, rows, hd, Eigen::OuterStride<>(q.row_stride));
     ConstStridedMap<S> K(k.data + b * Tk * k.row_stride + h * hd, keys, hd, Eigen::OuterStride<>(k.row_stride));
     ConstStridedMap<S> V(v.data + b * Tk * v.row_stride + h * hd, keys, hd, Eigen::OuterStride<>(v.row_stride));
     StridedMap<S> O(out + (b * Tq + i0) * out_stride + h * hd, rows, hd, Eigen::OuterStride<>(out_stride));
-    MatrixMap<S> P(scratch + static_cast<Index>(worker) * kQueryTile * Tk, rows, keys);  // [rows, keys]
-    std::array<S, kQueryTile> row_sum;
+    MatrixMap<S> P(scratch + static_cast<Index>(worker) * worker_stride, rows, keys);  // [rows, keys]
+    std::array<S, kAttentionQueryTile> row_sum;
 
     gemm<S>(Q, K, /*transpose_b=*/true, scale, S(0), P);  // P = (Q / √hd) Kᵀ
     // Each score row is capped, shifted and exponentiated while it sits in L1;

@@ -22,25 +22,29 @@ enum class WeightLayout { out_in, in_out };
 
 /// c[M, N] = alpha · a[M, K] · op(b) + beta · c, with op(b) = bᵀ for b [N, K]
 /// (transpose_b) and b for b [K, N]. With beta = 0, c is only written, never read.
-/// c must not alias a or b. Shapes are the caller's to check.
+/// c must not alias a or b. Runs on the calling thread only.
 template <class S>
 void gemm(ConstMatRef<S> a, ConstMatRef<S> b, bool transpose_b, S alpha, S beta, MatRef<S> c) {
-  if (c.rows() == 0 || c.cols() == 0) return;
-#if defined(LDLM_USE_BLAS)
   const Index M = c.rows(), N = c.cols(), K = a.cols();
-  // BLAS insists on ld >= the row length even where one row makes the stride moot.
-  auto leading = [](const auto& m) { return m.rows() == 1 ? std::max(m.outerStride(), m.cols()) : m.outerStride(); };
-  const Index a_ld = leading(a), b_ld = leading(b), c_ld = leading(c);
+  const Index b_rows = transpose_b ? N : K, b_cols = transpose_b ? K : N;
+  if (a.rows() != M || b.rows() != b_rows || b.cols() != b_cols)
+    throw ShapeError("gemm: a " + shape_string(Shape{a.rows(), a.cols()}) + ", b " +
+                     shape_string(Shape{b.rows(), b.cols()}) + (transpose_b ? " (transposed)" : "") + ", c " +
+                     shape_string(Shape{M, N}) + " do not fit; b must be " + shape_string(Shape{b_rows, b_cols}));
+  if (M == 0 || N == 0) return;
+#if defined(LDLM_USE_BLAS)
   constexpr bool blas_scalar = std::is_same_v<S, float> || std::is_same_v<S, double>;
-  const bool fits_int = std::max({M, N, K, a_ld, b_ld, c_ld}) <= INT_MAX;
+  const bool fits_int = std::max({M, N, K, a.outerStride(), b.outerStride(), c.outerStride()}) <= INT_MAX;
   if constexpr (blas_scalar) {
     if (fits_int && K > 0) {
+      detail::keep_blas_single_threaded();
       // Row-major C = A·op(B) is column-major Cᵀ = op(B)ᵀ·Aᵀ, and each row-major
       // matrix already is its own transpose in column-major order. Calling the BLAS
-      // directly (not through Eigen's product) skips Eigen's zero fill before it.
+      // directly spares Eigen's product wrapper its own zero fill of c (OpenBLAS
+      // still clears c itself when beta = 0).
       const char trans_b = transpose_b ? 'T' : 'N', no_trans = 'N';
       const int m = int(N), n = int(M), k = int(K);
-      const int lda = int(a_ld), ldb = int(b_ld), ldc = int(c_ld);
+      const int lda = int(a.outerStride()), ldb = int(b.outerStride()), ldc = int(c.outerStride());
       if constexpr (std::is_same_v<S, float>)
         sgemm_(&trans_b, &no_trans, &m, &n, &k, &alpha, b.data(), &ldb, a.data(), &lda, &beta, c.data(), &ldc);
       else
@@ -62,7 +66,8 @@ void gemm(ConstMatRef<S> a, ConstMatRef<S> b, bool transpose_b, S alpha, S beta,
 /// y[M, N] = x[M, K] · W (+ bias[N]), with W = w^T for out_in ([N, K]) and W = w for
 /// in_out ([K, N]). bias may be null. y must not alias x or w. `epilogue`, if
 /// given, runs on each finished block of y (a [rows, cols] MatRef) inside the
-/// task that computed it, so an activation costs no extra pass over threads.
+/// task that computed it, so an activation costs no extra pass over threads;
+/// it may run concurrently on disjoint blocks.
 template <class S, class Epilogue = std::nullptr_t>
 void linear(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> w, const S* bias, MatRef<S> y,
             WeightLayout layout = WeightLayout::out_in, Epilogue&& epilogue = nullptr) {

@@ -16,13 +16,18 @@ void modulate_row(const S* x, const S* shift, const S* scale, Index n, S* y) {
 }
 
 inline void check_modulate_shapes(const char* op, Index rows, Index d, Index T, Index shift_rows, Index shift_cols,
-                                  Index scale_rows, Index scale_cols) {
-  const Index B = T > 0 ? rows / T : 0;
-  if (T <= 0 || B * T != rows || shift_rows != B || scale_rows != B || shift_cols != d || scale_cols != d)
-    throw ShapeError(std::string(op) + ": x [" + std::to_string(rows) + ", " + std::to_string(d) + "] with T = " +
-                     std::to_string(T) + " needs shift and scale [" + std::to_string(B) + ", " + std::to_string(d) +
-                     "], got [" + std::to_string(shift_rows) + ", " + std::to_string(shift_cols) + "] and [" +
-                     std::to_string(scale_rows) + ", " + std::to_string(scale_cols) + "]");
+                                  Index scale_rows, Index scale_cols, Index y_rows, Index y_cols) {
+  const auto shape = [](Index r, Index c) { return "[" + std::to_string(r) + ", " + std::to_string(c) + "]"; };
+  if (T <= 0 || rows % T != 0)
+    throw ShapeError(std::string(op) + ": x " + shape(rows, d) + " is not a whole number of sequences of T = " +
+                     std::to_string(T) + " rows");
+  const Index B = rows / T;
+  if (shift_rows != B || scale_rows != B || shift_cols != d || scale_cols != d)
+    throw ShapeError(std::string(op) + ": x " + shape(rows, d) + " with T = " + std::to_string(T) +
+                     " needs shift and scale " + shape(B, d) + ", got " + shape(shift_rows, shift_cols) + " and " +
+                     shape(scale_rows, scale_cols));
+  if (y_rows != rows || y_cols != d)
+    throw ShapeError(std::string(op) + ": y " + shape(y_rows, y_cols) + " must match x " + shape(rows, d));
 }
 }  // namespace detail
 
@@ -30,7 +35,8 @@ inline void check_modulate_shapes(const char* op, Index rows, Index d, Index T, 
 template <class S>
 void modulate(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> shift, ConstMatRef<S> scale, Index T, MatRef<S> y) {
   const Index d = x.cols();
-  detail::check_modulate_shapes("modulate", x.rows(), d, T, shift.rows(), shift.cols(), scale.rows(), scale.cols());
+  detail::check_modulate_shapes("modulate", x.rows(), d, T, shift.rows(), shift.cols(), scale.rows(), scale.cols(),
+                                y.rows(), y.cols());
   detail::for_each_row(ctx, x.rows(), [&](Index r) {
     const Index b = r / T;
     detail::modulate_row(x.row(r).data(), shift.row(b).data(), scale.row(b).data(), d, y.row(r).data());
@@ -45,7 +51,7 @@ void layer_norm_modulate(Context& ctx, ConstMatRef<S> x, const S* gamma, float e
   const Index d = x.cols();
   detail::check_norm_shapes("layer_norm_modulate", d, y.rows(), x.rows(), y.cols(), d);
   detail::check_modulate_shapes("layer_norm_modulate", x.rows(), d, T, shift.rows(), shift.cols(), scale.rows(),
-                                scale.cols());
+                                scale.cols(), y.rows(), y.cols());
   detail::for_each_row(ctx, x.rows(), [&](Index r) {
     const Index b = r / T;
     detail::layer_norm_gain_row(x.row(r).data(), gamma, eps, d, y.row(r).data());
