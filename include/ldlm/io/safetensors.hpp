@@ -345,7 +345,9 @@ class SafetensorsFile {
     std::uint64_t end = 0;
     const TensorInfo* prev = nullptr;
     for (const TensorInfo* t : order) {
-      const std::string range = "[" + std::to_string(t->offset) + ", " + std::to_string(t->offset + t->size) + "]";
+      // Appended piecewise: g++ 12 flags "[" + std::to_string(...) with a false -Wrestrict.
+      std::string range("[");
+      range.append(std::to_string(t->offset)).append(", ").append(std::to_string(t->offset + t->size)).append("]");
       if (t->offset < end)
         fail("tensor '" + t->name + "' data_offsets " + range + " overlap tensor '" + prev->name + "' ending at " +
              std::to_string(end));
