@@ -116,10 +116,7 @@ class Args {
                        std::int64_t max = std::numeric_limits<std::int64_t>::max()) const {
     const auto v = value(name);
     if (!v) return fallback;
-    std::int64_t out = 0;
-    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-    if (ec != std::errc() || end != v->data() + v->size() || v->empty())
-      fail("option '--" + name + "' expects an integer, got '" + *v + "'");
+    const auto out = parse_whole<std::int64_t>(name, *v, "an integer");
     if (out < min || out > max)
       fail("option '--" + name + "' must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + *v);
     return out;
@@ -128,11 +125,7 @@ class Args {
   std::uint64_t get_uint(const std::string& name, std::uint64_t fallback) const {
     const auto v = value(name);
     if (!v) return fallback;
-    std::uint64_t out = 0;
-    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-    if (ec != std::errc() || end != v->data() + v->size() || v->empty())
-      fail("option '--" + name + "' expects a non-negative integer, got '" + *v + "'");
-    return out;
+    return parse_whole<std::uint64_t>(name, *v, "a non-negative integer");
   }
 
   double get_double(const std::string& name, double fallback, double min) const {
@@ -163,6 +156,16 @@ class Args {
   }
 
  private:
+  /// The whole of v as an integer of type T, else a usage error naming the option.
+  template <class T>
+  T parse_whole(const std::string& name, const std::string& v, const char* expected) const {
+    T out = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+    if (ec != std::errc() || end != v.data() + v.size() || v.empty())
+      fail("option '--" + name + "' expects " + expected + ", got '" + v + "'");
+    return out;
+  }
+
   static bool is_number(const std::string& w) {
     double d;
     const auto [end, ec] = std::from_chars(w.data(), w.data() + w.size(), d);

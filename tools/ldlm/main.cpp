@@ -246,6 +246,13 @@ int run_forward(const Args& args) {
   SafetensorsWriter out;
   out.set_metadata("module", module);
   const Index d = config.d_model;
+  // The modules that map one [B, T, d] activation to one output.
+  const auto run_one_input = [&](auto& part, const char* input, const char* output) {
+    const auto x = inputs.activation(input, d);
+    load_module(part, weights, module);
+    const auto y = part.forward(ctx, x);
+    out.add(output, shape3(y), y.data());
+  };
 
   if (module == "feature_model") {
     const TokenTensor tokens = inputs.tokens("tokens");
@@ -253,20 +260,11 @@ int run_forward(const Args& args) {
     const auto features = model.feature_model.forward(ctx, tokens);
     out.add("features", shape3(features), features.data());
   } else if (module == "encoder") {
-    const auto features = inputs.activation("features", d);
-    load_module(model.encoder, weights, "encoder");
-    const auto latents = model.encoder.forward(ctx, features);
-    out.add("latents", shape3(latents), latents.data());
+    run_one_input(model.encoder, "features", "latents");
   } else if (module == "latent_decoder") {
-    const auto latents = inputs.activation("latents", d);
-    load_module(model.latent_decoder, weights, "latent_decoder");
-    const auto hidden = model.latent_decoder.forward(ctx, latents);
-    out.add("hidden", shape3(hidden), hidden.data());
+    run_one_input(model.latent_decoder, "latents", "hidden");
   } else if (module == "token_decoder") {
-    const auto hidden = inputs.activation("hidden", d);
-    load_module(model.token_decoder, weights, "token_decoder");
-    const auto logits = model.token_decoder.forward(ctx, hidden);
-    out.add("logits", shape3(logits), logits.data());
+    run_one_input(model.token_decoder, "hidden", "logits");
   } else if (module == "denoiser") {
     const auto x_t = inputs.activation("x_t", d);
     const auto t = inputs.vector("t", x_t.dimension(0));

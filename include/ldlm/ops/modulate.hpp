@@ -17,7 +17,7 @@ void modulate_row(const S* x, const S* shift, const S* scale, Index n, S* y) {
 
 inline void check_modulate_shapes(const char* op, Index rows, Index d, Index T, Index shift_rows, Index shift_cols,
                                   Index scale_rows, Index scale_cols, Index y_rows, Index y_cols) {
-  const auto shape = [](Index r, Index c) { return "[" + std::to_string(r) + ", " + std::to_string(c) + "]"; };
+  const auto shape = [](Index r, Index c) { return shape_string(Shape{r, c}); };
   if (T <= 0 || rows % T != 0)
     throw ShapeError(std::string(op) + ": x " + shape(rows, d) + " is not a whole number of sequences of T = " +
                      std::to_string(T) + " rows");
