@@ -265,12 +265,14 @@ TEST(ReliabilityFiniteCheck, NonFiniteWeightThrowsOnlyWhenChecking) {
   const auto& in = small_inputs();
   for (const Case& k : cases) {
     SCOPED_TRACE(k.parameter);
-    LDLM<float> m = make_small_model();
+    LDLM<float> m(small_config());
+    init_parameters(m, 3, "", /*pack=*/std::nullopt);
     bool poisoned = false;
     m.visit("", [&](const std::string& name, auto& p) {
       if (name == k.parameter) p.data()[0] = k.value, poisoned = true;
     });
     ASSERT_TRUE(poisoned) << "no parameter named " << k.parameter;
+    pack_parameters(m, Precision::fp32);
 
     auto forward = [&](Context& ctx) -> Tensor3<float> {
       const std::string module = k.module;
@@ -380,7 +382,9 @@ TEST(ReliabilityInputs, RankMismatchNamesBothShapes) {
   fs::create_directories(dir);
   const std::string path = (dir / "flat.safetensors").string();
   SafetensorsWriter writer;
-  visit_parameters(small_model(), "", [&](const std::string& name, const auto& p) {
+  LDLM<float> plain(small_config());
+  init_parameters(plain, 3, "", /*pack=*/std::nullopt);
+  visit_parameters(plain, "", [&](const std::string& name, const auto& p) {
     const Shape shape = name == "denoiser.input_proj.weight" ? Shape{p.numel()} : p.shape();
     writer.add(name, shape, p.data());
   });

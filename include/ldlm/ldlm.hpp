@@ -1,7 +1,9 @@
 // ldlm: the layers of LDLM, the Latent Diffusion Language Model, in header-only C++.
 // Include this umbrella header, or the individual headers in the order of the tree:
-//   core/     tensors, errors, named parameters, thread pool and scratch arena
-//   ops/      primitive free functions (norms, activations, GEMM, rotary, attention)
+//   core/     tensors, errors, named parameters, thread pool and scratch arena, CPU
+//             features, precision and bf16 values
+//   ops/      primitive free functions (GEMM backends and packed weights, norms,
+//             activations, rotary, attention)
 //   nn/       modules owning named parameters (Linear, norms, FFNs, attention)
 //   model/    the configuration and the five LDLM modules
 //   sampling/ the diffusion schedule, the sampler and the end-to-end pipeline
@@ -9,9 +11,11 @@
 #pragma once
 
 #include "ldlm/core/context.hpp"
+#include "ldlm/core/cpu.hpp"
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/init.hpp"
 #include "ldlm/core/parameter.hpp"
+#include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/model/model.hpp"

@@ -2,14 +2,14 @@
 # configures ldlm's source tree afresh with only the library, then installs it
 # into PREFIX. Header-only, so this compiles nothing and takes seconds.
 #
-# Inputs (-D): LDLM_SOURCE_DIR, WORK_DIR, PREFIX, GENERATOR, CXX_COMPILER, USE_BLAS
+# Inputs (-D): LDLM_SOURCE_DIR, WORK_DIR, PREFIX, GENERATOR, CXX_COMPILER, USE_ONEDNN
 foreach(var LDLM_SOURCE_DIR WORK_DIR PREFIX GENERATOR)
   if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
     message(FATAL_ERROR "install-ldlm.cmake: ${var} is not set")
   endif()
 endforeach()
-if(NOT DEFINED USE_BLAS)
-  set(USE_BLAS OFF)
+if(NOT DEFINED USE_ONEDNN)
+  set(USE_ONEDNN OFF)
 endif()
 
 file(REMOVE_RECURSE "${WORK_DIR}" "${PREFIX}")
@@ -23,7 +23,7 @@ set(configure_args
   -DLDLM_BUILD_EXAMPLES=OFF
   -DLDLM_BUILD_TOOLS=OFF
   -DLDLM_NATIVE=OFF
-  "-DLDLM_USE_BLAS=${USE_BLAS}")
+  "-DLDLM_USE_ONEDNN=${USE_ONEDNN}")
 if(CXX_COMPILER)
   list(APPEND configure_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
 endif()

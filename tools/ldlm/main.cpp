@@ -34,6 +34,9 @@ constexpr std::uint64_t kDefaultInitSeed = 7;
 const Option kConfigOption{"config", "C.json", "model configuration (JSON, spec section 6); default: ldlm-base"};
 const Option kThreadsOption{"threads", "N", "threads of the execution context (default: all cores)"};
 const Option kWeightsOption{"weights", "W.safetensors", "parameters under their full state-dict names"};
+const Option kPrecisionOption{"precision", "fp32|bf16",
+                               "precision of the matrix products (default fp32); bf16 keeps norms, softmax and\n"
+                               "the residual stream in fp32 (docs/model.md#precision)"};
 const Option kInitSeedOption{
     "init-seed", "S",
     "without --weights: seed of the generator weights (default " + std::to_string(kDefaultInitSeed) + ")"};
@@ -48,17 +51,22 @@ int thread_count(const Args& args) {
   return static_cast<int>(args.get_int("threads", cores, 1, 1024));
 }
 
-/// Loads one module from a full-model file; tensors of other modules are ignored.
+Precision precision_of(const Args& args) { return parse_precision(args.get("precision", "fp32"), "option '--precision'"); }
+
+/// Loads one module from a full-model file, packed for `precision`; tensors of other
+/// modules are ignored.
 template <class M>
-void load_module(M& module, const SafetensorsFile& file, const std::string& name) {
-  load_parameters(module, file, name + ".", LoadOptions::scoped(name + "."));
+void load_module(M& module, const SafetensorsFile& file, const std::string& name, Precision precision) {
+  LoadOptions options = LoadOptions::scoped(name + ".");
+  options.pack = precision;
+  load_parameters(module, file, name + ".", options);
 }
 
 /// Initialises one module with the deterministic generator under its full names,
-/// so the values equal those of init_parameters on the whole LDLM.
+/// so the values equal those of init_parameters on the whole LDLM, packed for `precision`.
 template <class M>
-void init_module(M& module, std::uint64_t seed, const std::string& name) {
-  init_parameters(module, seed, name + ".");
+void init_module(M& module, std::uint64_t seed, const std::string& name, Precision precision) {
+  init_parameters(module, seed, name + ".", precision);
 }
 
 /// Runs a() and b(), on two threads when `parallel`: initialising or loading ldlm-base
@@ -216,6 +224,7 @@ const Command kForward{"forward",
                         {"inputs", "I.safetensors", "input tensors, named as in the table below"},
                         {"output", "O.safetensors", "where to write the outputs"},
                         kConfigOption,
+                        kPrecisionOption,
                         kThreadsOption},
                        "modules (inputs -> outputs):\n"
                        "  feature_model   tokens [B,T] (I64 or I32)            -> features [B,T,d]\n"
@@ -238,6 +247,7 @@ int run_forward(const Args& args) {
   const std::string inputs_path = args.required("inputs");
   const std::string output_path = args.required("output");
   const Config config = load_config(args);
+  const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
 
   const Inputs inputs(inputs_path, module);
@@ -249,14 +259,14 @@ int run_forward(const Args& args) {
   // The modules that map one [B, T, d] activation to one output.
   const auto run_one_input = [&](auto& part, const char* input, const char* output) {
     const auto x = inputs.activation(input, d);
-    load_module(part, weights, module);
+    load_module(part, weights, module, precision);
     const auto y = part.forward(ctx, x);
     out.add(output, shape3(y), y.data());
   };
 
   if (module == "feature_model") {
     const TokenTensor tokens = inputs.tokens("tokens");
-    load_module(model.feature_model, weights, "feature_model");
+    load_module(model.feature_model, weights, "feature_model", precision);
     const auto features = model.feature_model.forward(ctx, tokens);
     out.add("features", shape3(features), features.data());
   } else if (module == "encoder") {
@@ -269,15 +279,15 @@ int run_forward(const Args& args) {
     const auto x_t = inputs.activation("x_t", d);
     const auto t = inputs.vector("t", x_t.dimension(0));
     const auto self_cond = inputs.activation("self_cond", d);
-    load_module(model.denoiser, weights, "denoiser");
+    load_module(model.denoiser, weights, "denoiser", precision);
     const auto x0 = model.denoiser.forward(ctx, x_t, t, self_cond);
     out.add("x0", shape3(x0), x0.data());
   } else {  // reconstruct
     const TokenTensor tokens = inputs.tokens("tokens");
-    load_module(model.feature_model, weights, "feature_model");
-    load_module(model.encoder, weights, "encoder");
-    load_module(model.latent_decoder, weights, "latent_decoder");
-    load_module(model.token_decoder, weights, "token_decoder");
+    load_module(model.feature_model, weights, "feature_model", precision);
+    load_module(model.encoder, weights, "encoder", precision);
+    load_module(model.latent_decoder, weights, "latent_decoder", precision);
+    load_module(model.token_decoder, weights, "token_decoder", precision);
     const auto r = Pipeline<float>(model).reconstruct(ctx, tokens);
     out.add("features", shape3(r.features), r.features.data());
     out.add("latents", shape3(r.latents), r.latents.data());
@@ -386,6 +396,7 @@ const Command kGenerate{"generate",
                          kWeightsOption,
                          kInitSeedOption,
                          kConfigOption,
+                         kPrecisionOption,
                          kThreadsOption,
                          {"output", "tokens.txt", "write the token ids there instead of stdout"}},
                         "Without --weights the model gets reproducible generator weights (init_parameters\n"
@@ -435,6 +446,7 @@ int run_generate(const Args& args) {
     args.fail("option '--sampler' must be 'sde' or 'ode', got '" + sampler + "'");
   if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
   check_sampling_arguments("generate", config, B, T, options.steps);
+  const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
   const bool parallel = ctx.threads() > 1;
 
@@ -442,18 +454,18 @@ int run_generate(const Args& args) {
   if (auto path = args.value("weights")) {
     const auto weights = SafetensorsFile::open(*path);
     run_pair(
-        parallel, [&] { load_module(model.denoiser, weights, "denoiser"); },
+        parallel, [&] { load_module(model.denoiser, weights, "denoiser", precision); },
         [&] {
-          load_module(model.latent_decoder, weights, "latent_decoder");
-          load_module(model.token_decoder, weights, "token_decoder");
+          load_module(model.latent_decoder, weights, "latent_decoder", precision);
+          load_module(model.token_decoder, weights, "token_decoder", precision);
         });
   } else {
     const std::uint64_t seed = args.get_uint("init-seed", kDefaultInitSeed);
     run_pair(
-        parallel, [&] { init_module(model.denoiser, seed, "denoiser"); },
+        parallel, [&] { init_module(model.denoiser, seed, "denoiser", precision); },
         [&] {
-          init_module(model.latent_decoder, seed, "latent_decoder");
-          init_module(model.token_decoder, seed, "token_decoder");
+          init_module(model.latent_decoder, seed, "latent_decoder", precision);
+          init_module(model.token_decoder, seed, "token_decoder", precision);
         });
   }
   if (isatty(STDERR_FILENO)) options.progress = ProgressBar();
@@ -483,6 +495,7 @@ const Command kReconstruct{"reconstruct",
                             kWeightsOption,
                             kInitSeedOption,
                             kConfigOption,
+                            kPrecisionOption,
                             kThreadsOption},
                            "Exactly one of --tokens and --inputs. Without --weights the modules get generator\n"
                            "weights (--init-seed), which exercise the pipeline but do not reconstruct.\n"};
@@ -529,6 +542,7 @@ int run_reconstruct(const Args& args) {
   const Config config = load_config(args);
   const TokenTensor tokens = args.has("tokens") ? parse_tokens(args, *args.value("tokens"))
                                                 : Inputs(*args.value("inputs"), "reconstruct").tokens("tokens");
+  const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
   const bool parallel = ctx.threads() > 1;
   LDLM<float> model(config);
@@ -537,27 +551,54 @@ int run_reconstruct(const Args& args) {
     run_pair(
         parallel,
         [&] {
-          load_module(model.feature_model, weights, "feature_model");
-          load_module(model.encoder, weights, "encoder");
+          load_module(model.feature_model, weights, "feature_model", precision);
+          load_module(model.encoder, weights, "encoder", precision);
         },
         [&] {
-          load_module(model.latent_decoder, weights, "latent_decoder");
-          load_module(model.token_decoder, weights, "token_decoder");
+          load_module(model.latent_decoder, weights, "latent_decoder", precision);
+          load_module(model.token_decoder, weights, "token_decoder", precision);
         });
   } else {
     const std::uint64_t seed = args.get_uint("init-seed", kDefaultInitSeed);
     run_pair(
         parallel,
         [&] {
-          init_module(model.feature_model, seed, "feature_model");
-          init_module(model.encoder, seed, "encoder");
+          init_module(model.feature_model, seed, "feature_model", precision);
+          init_module(model.encoder, seed, "encoder", precision);
         },
         [&] {
-          init_module(model.latent_decoder, seed, "latent_decoder");
-          init_module(model.token_decoder, seed, "token_decoder");
+          init_module(model.latent_decoder, seed, "latent_decoder", precision);
+          init_module(model.token_decoder, seed, "token_decoder", precision);
         });
   }
   print_tokens(std::cout, Pipeline<float>(model).reconstruct(ctx, tokens).tokens);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// ldlm info
+// ---------------------------------------------------------------------------
+
+const Command kInfo{"info",
+                    "",
+                    "Print the CPU's features and the kernel that runs each kind of product, in fp32\n"
+                    "and bf16. The choice follows CPUID, never the CPU model; LDLM_GEMM_BACKEND=eigen and\n"
+                    "oneDNN's ONEDNN_MAX_CPU_ISA force other paths (for tests and diagnosis).",
+                    {},
+                    ""};
+
+int run_info(const Args& args) {
+  args.expect_positionals(0, 0);
+  const CpuFeatures& cpu = cpu_features();
+  const GemmPaths paths = gemm_paths();
+  std::printf("ldlm %s\n", LDLM_VERSION);
+  std::printf("cpu:       %s (%s, family %d, model %d), %u hardware threads\n",
+              cpu.brand.empty() ? "unknown" : cpu.brand.c_str(), cpu.vendor.c_str(), cpu.family, cpu.model,
+              std::max(1u, std::thread::hardware_concurrency()));
+  std::printf("features:  %s\n", cpu.summary().c_str());
+  std::printf("products:  %s\n", gemm_library().c_str());
+  std::printf("fp32:      linear %s, attention %s\n", paths.fp32_linear.c_str(), paths.fp32_attention.c_str());
+  std::printf("bf16:      linear %s, attention %s\n", paths.bf16_linear.c_str(), paths.bf16_attention.c_str());
   return 0;
 }
 
@@ -575,7 +616,8 @@ const std::vector<Subcommand>& subcommands() {
                                               {&kForward, run_forward},
                                               {&kCompare, run_compare},
                                               {&kGenerate, run_generate},
-                                              {&kReconstruct, run_reconstruct}};
+                                              {&kReconstruct, run_reconstruct},
+                                              {&kInfo, run_info}};
   return all;
 }
 
@@ -589,6 +631,7 @@ std::string main_usage() {
       "  compare      compare two safetensors files tensor by tensor",
       "  generate     sample token sequences with the diffusion model",
       "  reconstruct  encode and decode token ids",
+      "  info         CPU features and the kernels chosen for fp32 and bf16",
   };
   for (const char* line : lines) s += std::string(line) + "\n";
   s += "\n'ldlm COMMAND --help' describes a command. Errors exit with 2 (usage) or 1 (runtime).\n";

@@ -346,11 +346,33 @@ def write_model(out_dir, mdir, cfg: L.Config, seed: int, B: int, T: int, write_w
                 "config": json.dumps(cfg.to_dict(), sort_keys=True)}
         write_safetensors(os.path.join(path, f"{mod}.inputs.safetensors"), ins[mod], meta)
         write_safetensors(os.path.join(path, f"{mod}.outputs.safetensors"), outs, meta)
+        write_bf16_outputs(path, mod, model, ins[mod], outs, meta)
     # the chain must agree with the per-module forwards
     r = model.forward_module("reconstruct", **ins["reconstruct"])
     with torch.no_grad():
         assert torch.equal(model.encoder(r["features"]), r["latents"])
     return counts
+
+
+def write_bf16_outputs(path, mod, model, inputs, fp32_outs, meta):
+    """The two bf16 references of a module (docs/model.md#precision):
+    - `<mod>.outputs.bf16.safetensors`: ldlm's bf16 mode exactly (operands of every
+      matrix product rounded to bf16, fp32 everywhere else), for tight parity;
+    - `<mod>.outputs.autocast_bf16.safetensors`: torch.autocast('cpu', bfloat16), the
+      way the model ran. Its metadata records autocast's own error against fp32 per
+      output (`autocast_error.<name>` = max |autocast - fp32| / max |fp32|), the bar
+      that ldlm's bf16 error must not exceed."""
+    with L.bf16_operands():
+        exact = model.forward_module(mod, **inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = {k: v.float() for k, v in model.forward_module(mod, **inputs).items()}
+    ameta = dict(meta)
+    for k, v in autocast.items():
+        assert torch.isfinite(v).all() and torch.isfinite(exact[k]).all(), (path, mod, k)
+        ref = fp32_outs[k]
+        ameta[f"autocast_error.{k}"] = repr(float((v - ref).abs().max() / ref.abs().max()))
+    write_safetensors(os.path.join(path, f"{mod}.outputs.bf16.safetensors"), exact, meta)
+    write_safetensors(os.path.join(path, f"{mod}.outputs.autocast_bf16.safetensors"), autocast, ameta)
 
 
 # -------------------------------------------------------------------------- main

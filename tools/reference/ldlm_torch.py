@@ -15,6 +15,7 @@ Public API (imported by tools/reference/generate.py and benches):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -99,10 +100,49 @@ class Config:
 LDLM_BASE = Config()
 
 
+# ------------------------------------------------------------------ bf16 operands
+# ldlm's bf16 mode (docs/model.md#precision): every matrix product takes operands
+# rounded to bf16 and sums in fp32; everything else stays fp32. Inside
+# `with bf16_operands():` this reference computes exactly that, so C++ can be held to
+# it tightly. (torch.autocast is the other bf16 reference: it also rounds the products'
+# outputs and runs some element-wise ops in bf16.)
+_BF16_OPERANDS = False
+
+
+@contextlib.contextmanager
+def bf16_operands():
+    global _BF16_OPERANDS
+    previous, _BF16_OPERANDS = _BF16_OPERANDS, True
+    try:
+        yield
+    finally:
+        _BF16_OPERANDS = previous
+
+
+def _operand(x):
+    return x.to(torch.bfloat16).to(torch.float32) if _BF16_OPERANDS else x
+
+
+def linear(x, weight, bias=None):
+    return F.linear(_operand(x), _operand(weight), bias)
+
+
+def matmul(a, b):
+    return _operand(a) @ _operand(b)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same state-dict names) whose product follows bf16_operands()."""
+
+    def forward(self, x):
+        return linear(x, self.weight, self.bias)
+
+
 # ------------------------------------------------------------------- functional ops
 def layer_norm_gain(x, weight, eps=1e-5):
-    """Gain-only LayerNorm, computed in float32 whatever the input type."""
-    return F.layer_norm(x.float(), [x.shape[-1]], eps=eps) * weight
+    """Gain-only LayerNorm, computed in float32 with autocast off, whatever the input type."""
+    with torch.autocast("cpu", enabled=False):
+        return F.layer_norm(x.float(), [x.shape[-1]], eps=eps) * weight
 
 
 def rms_norm(x, gamma, eps=1e-5):
@@ -180,7 +220,7 @@ def attention(q, k, v, softcap=0.0, causal=False, cap_before_scale=False):
     """q [B,H,Tq,hd], k/v [B,H,Tk,hd] -> [B,H,Tq,hd]. Logits q k^T / sqrt(hd), then
     softcap (skipped when 0), softmax over keys. cap_before_scale: the wrong order."""
     hd = q.shape[-1]
-    s = q @ k.transpose(-1, -2)
+    s = matmul(q, k.transpose(-1, -2))
     if cap_before_scale:
         s = apply_softcap(s, softcap) / math.sqrt(hd)
     else:
@@ -189,7 +229,7 @@ def attention(q, k, v, softcap=0.0, causal=False, cap_before_scale=False):
         Tq, Tk = s.shape[-2], s.shape[-1]
         m = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
         s = s.masked_fill(~m, float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
+    return matmul(torch.softmax(s, dim=-1), v)
 
 
 # ------------------------------------------------------------------ small modules
@@ -219,7 +259,7 @@ class PerceiverFFN(nn.Module):
     def __init__(self, d, hidden, eps=1e-5):
         super().__init__()
         self.ffd = nn.Sequential(
-            nn.LayerNorm(d, eps=eps), nn.Linear(d, hidden), nn.GELU(), nn.Dropout(0.0), nn.Linear(hidden, d))
+            nn.LayerNorm(d, eps=eps), Linear(d, hidden), nn.GELU(), nn.Dropout(0.0), Linear(hidden, d))
 
     def forward(self, x):
         return self.ffd(x)
@@ -257,7 +297,7 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_out))
 
     def forward(self, x):
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+        return torch.addmm(self.bias, _operand(x.reshape(-1, x.shape[-1])), _operand(self.weight)).view(*x.shape[:-1], -1)
 
 
 # -------------------------------------------------------------------------- GPT-2
@@ -325,12 +365,12 @@ class LatentAttention(nn.Module):
         self.cfg = cfg
         self.norm_embeddings = RMSNorm(d, cfg.rms_norm_eps)
         self.norm_latents = RMSNorm(d, cfg.rms_norm_eps)
-        self.latents_to_Q = nn.Linear(d, d, bias=False)
-        self.latents_to_KV = nn.Linear(d, 2 * d, bias=False)
-        self.embeddings_to_KV = nn.Linear(d, 2 * d, bias=False)
+        self.latents_to_Q = Linear(d, d, bias=False)
+        self.latents_to_KV = Linear(d, 2 * d, bias=False)
+        self.embeddings_to_KV = Linear(d, 2 * d, bias=False)
         self.query_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.key_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.projector_latents = nn.Linear(d, d, bias=False)
+        self.projector_latents = Linear(d, d, bias=False)
 
     def forward(self, context, queries, qk_norm_full_width=False):
         cfg, d, H = self.cfg, self.cfg.d_model, self.cfg.n_heads
@@ -421,10 +461,10 @@ class TokenDecoderAttention(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.cfg = cfg
-        self.q_proj = nn.Linear(d, d, bias=False)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d, bias=False)
-        self.o_proj = nn.Linear(d, d, bias=False)
+        self.q_proj = Linear(d, d, bias=False)
+        self.k_proj = Linear(d, d, bias=False)
+        self.v_proj = Linear(d, d, bias=False)
+        self.o_proj = Linear(d, d, bias=False)
 
     def forward(self, x):
         cfg, H = self.cfg, self.cfg.n_heads
@@ -439,9 +479,9 @@ class TokenDecoderAttention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, d, hidden):
         super().__init__()
-        self.gate_proj = nn.Linear(d, hidden, bias=False)
-        self.up_proj = nn.Linear(d, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d, bias=False)
+        self.gate_proj = Linear(d, hidden, bias=False)
+        self.up_proj = Linear(d, hidden, bias=False)
+        self.down_proj = Linear(hidden, d, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -465,7 +505,7 @@ class TokenDecoder(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList([TokenDecoderBlock(cfg) for _ in range(cfg.token_decoder_layers)])
         self.norm_final = GainLayerNorm(cfg.d_model, cfg.layer_norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
     def forward(self, hidden):
         x = hidden
@@ -478,12 +518,12 @@ class TokenDecoder(nn.Module):
 def denoiser_self_attention(x, qkv_weight, out_weight, cfg: Config, cap_before_scale=False):
     """The denoiser block's attention on y (already modulated): rotary q,k, softcap."""
     H, d = cfg.n_heads, cfg.d_model
-    q, k, v = F.linear(x, qkv_weight).split(d, dim=-1)
+    q, k, v = linear(x, qkv_weight).split(d, dim=-1)
     q, k, v = split_heads(q, H), split_heads(k, H), split_heads(v, H)
     q = apply_rotary(q, cfg.rope_base, cfg.rotary_interleaved)
     k = apply_rotary(k, cfg.rope_base, cfg.rotary_interleaved)
     a = attention(q, k, v, softcap=cfg.softcap, cap_before_scale=cap_before_scale)
-    return F.linear(merge_heads(a), out_weight)
+    return linear(merge_heads(a), out_weight)
 
 
 class DenoiserBlock(nn.Module):
@@ -493,10 +533,10 @@ class DenoiserBlock(nn.Module):
         self.cfg = cfg
         self.norm1 = GainLayerNorm(d, cfg.layer_norm_eps)
         self.norm2 = GainLayerNorm(d, cfg.layer_norm_eps)
-        self.attn_qkv = nn.Linear(d, 3 * d, bias=False)
-        self.attn_out = nn.Linear(d, d, bias=False)
-        self.mlp = nn.Sequential(nn.Linear(d, cfg.mlp_hidden), nn.GELU(approximate="tanh"), nn.Linear(cfg.mlp_hidden, d))
-        self.adaLN_modulation = nn.Linear(d, 6 * d)
+        self.attn_qkv = Linear(d, 3 * d, bias=False)
+        self.attn_out = Linear(d, d, bias=False)
+        self.mlp = nn.Sequential(Linear(d, cfg.mlp_hidden), nn.GELU(approximate="tanh"), Linear(cfg.mlp_hidden, d))
+        self.adaLN_modulation = Linear(d, 6 * d)
 
     def forward(self, x, c):
         mod = self.adaLN_modulation(c)[:, None]  # [B,1,6d]
@@ -511,8 +551,8 @@ class DenoiserOutputLayer(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.norm_final = GainLayerNorm(d, cfg.layer_norm_eps)
-        self.adaLN_modulation = nn.Linear(d, 2 * d)
-        self.linear = nn.Linear(d, d)
+        self.adaLN_modulation = Linear(d, 2 * d)
+        self.linear = Linear(d, d)
 
     def forward(self, x, c):
         shift, scale = self.adaLN_modulation(c)[:, None].chunk(2, dim=-1)
@@ -524,8 +564,8 @@ class Denoiser(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.cfg = cfg
-        self.input_proj = nn.Linear(2 * d, d, bias=False)
-        self.time_emb = nn.Sequential(nn.Linear(d, 2 * d), nn.SiLU(), nn.Linear(2 * d, d))
+        self.input_proj = Linear(2 * d, d, bias=False)
+        self.time_emb = nn.Sequential(Linear(d, 2 * d), nn.SiLU(), Linear(2 * d, d))
         self.blocks = nn.ModuleList([DenoiserBlock(cfg) for _ in range(cfg.denoiser_blocks)])
         self.output_layer = DenoiserOutputLayer(cfg)
 

@@ -17,26 +17,7 @@
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/tensor.hpp"
 
-#if defined(LDLM_USE_BLAS)
-extern "C" void openblas_set_num_threads(int);
-#endif
-
 namespace ldlm {
-
-namespace detail {
-/// With an external BLAS (OpenBLAS), parallelism stays ldlm's own: BLAS runs
-/// single-threaded inside each of our tasks, so the two never oversubscribe the
-/// cores and results do not depend on which thread ran a task. OpenBLAS's OpenMP
-/// build takes its thread count from the calling thread's OpenMP setting, so every
-/// thread that calls ldlm::gemm sets it once (this also sets that thread's
-/// omp_get_max_threads() to 1).
-inline void keep_blas_single_threaded() {
-#if defined(LDLM_USE_BLAS)
-  thread_local const bool once = (openblas_set_num_threads(1), true);
-  (void)once;
-#endif
-}
-}  // namespace detail
 
 /// A fixed set of worker threads. parallel_for hands tasks [0, n) to the workers
 /// and the calling thread, and returns when all are done. One caller at a time:
@@ -221,5 +202,17 @@ class Context {
   ThreadPool* pool_;
   Arena arena_;
 };
+
+/// Runs f(row) for every row in [0, rows), in chunks of rows over the context's
+/// threads: the loop of every row-wise op. f must only write its own row.
+template <class F>
+void for_each_row(Context& ctx, Index rows, F&& f) {
+  constexpr Index kRowsPerTask = 32;
+  const Index tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+  ctx.pool().parallel_for(tasks, [&](Index task, int) {
+    const Index end = std::min(rows, (task + 1) * kRowsPerTask);
+    for (Index r = task * kRowsPerTask; r < end; ++r) f(r);
+  });
+}
 
 }  // namespace ldlm

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "ldlm/core/parameter.hpp"
 
@@ -36,8 +38,9 @@ inline float uniform_pm1(std::uint64_t key, std::uint64_t index) {
 }  // namespace detail
 
 /// Fills one parameter from (seed, full_name); allocates it if needed.
-template <class S>
-void init_parameter(Parameter<S>& p, std::string_view full_name, std::uint64_t seed) {
+template <class P>
+void init_parameter(P& p, std::string_view full_name, std::uint64_t seed) {
+  using S = std::remove_cvref_t<decltype(*p.data())>;
   const Shape& shape = p.shape();
   float offset = 0.0f, scale = 0.1f;
   if (shape.size() >= 2) {
@@ -55,10 +58,16 @@ void init_parameter(Parameter<S>& p, std::string_view full_name, std::uint64_t s
   }
 }
 
-/// Allocates and fills every parameter of a module, named with `prefix`.
+/// Allocates and fills every parameter of a module, named with `prefix`, and packs
+/// each matrix-product weight for `pack` right after filling it (so a bf16 model
+/// never holds all its weights in fp32 at once); std::nullopt keeps them plain.
 template <class M>
-void init_parameters(M& module, std::uint64_t seed, const std::string& prefix = "") {
-  module.visit(prefix, [&](const std::string& name, auto& p) { init_parameter(p, name, seed); });
+void init_parameters(M& module, std::uint64_t seed, const std::string& prefix = "",
+                     std::optional<Precision> pack = Precision::fp32) {
+  module.visit(prefix, [&](const std::string& name, auto& p) {
+    init_parameter(p, name, seed);
+    pack_if_matmul_weight(p, pack);
+  });
 }
 
 }  // namespace ldlm

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
 
 namespace ldlm {
@@ -33,9 +35,20 @@ class Parameter {
   /// Reserves storage (uninitialised values); idempotent.
   void allocate() {
     if (!allocated()) storage_.resize(numel());
+    released_ = false;
+  }
+  /// Frees the values once a packed copy serves the products (nn::MatmulWeight);
+  /// reading them afterwards is an error that says so.
+  void release() {
+    storage_ = Vector<S>();
+    released_ = true;
   }
 
-  S* data() { return storage_.data(); }
+  /// Storage to write; allocate() first.
+  S* data() {
+    require_values();
+    return storage_.data();
+  }
   const S* data() const {
     require_values();
     return storage_.data();
@@ -62,6 +75,10 @@ class Parameter {
  private:
   Index rows() const { return shape_.size() >= 2 ? shape_[0] : 1; }
   void require_values() const {
+    if (released_)
+      throw Error("ldlm: a parameter of shape " + shape_string(shape_) +
+                  " was packed for the matrix products and its plain values released; load without packing "
+                  "(LoadOptions::pack = std::nullopt) to read them");
     if (!allocated())
       throw Error("ldlm: a parameter of shape " + shape_string(shape_) +
                   " was used before it was loaded or initialised");
@@ -70,6 +87,7 @@ class Parameter {
   Shape shape_;
   Role role_ = Role::trained;
   Vector<S> storage_;
+  bool released_ = false;
 };
 
 /// Calls f(full_name, const Parameter&) for every parameter of a module.
@@ -77,6 +95,21 @@ template <class M, class F>
 void visit_parameters(const M& module, const std::string& prefix, F&& f) {
   // Visitors are written once, non-const; this view hands out const parameters only.
   const_cast<M&>(module).visit(prefix, [&](const std::string& name, const auto& p) { f(name, p); });
+}
+
+/// Packs p for products in `precision` when it feeds them (nn::MatmulWeight has
+/// pack()); other parameters, and every parameter when precision is empty, stay plain.
+template <class P>
+void pack_if_matmul_weight(P& p, std::optional<Precision> precision) {
+  if constexpr (requires { p.pack(Precision::fp32); }) {
+    if (precision) p.pack(*precision);
+  }
+}
+
+/// Packs every matrix-product weight of a loaded module (see nn::MatmulWeight).
+template <class M>
+void pack_parameters(M& module, Precision precision) {
+  module.visit("", [&](const std::string&, auto& p) { pack_if_matmul_weight(p, precision); });
 }
 
 struct ParameterCounts {

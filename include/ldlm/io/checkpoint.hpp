@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,6 +30,10 @@ struct LoadOptions {
   bool reject_unexpected = true;
   /// Names ending in one of these are buffers, not parameters, and are skipped.
   std::vector<std::string> ignored_suffixes;
+  /// Each matrix-product weight is packed for this precision as soon as it is read
+  /// (see nn::MatmulWeight), so a bf16 model never holds all its weights in fp32;
+  /// std::nullopt keeps every parameter's plain values readable.
+  std::optional<Precision> pack = Precision::fp32;
 };
 
 namespace detail {
@@ -59,6 +64,7 @@ void load_parameters(M& module, const SafetensorsFile& file, const std::string& 
                             ", expected a floating dtype (F32, F16, BF16 or F64)");
     p.allocate();
     file.read_into(name, p.data(), p.numel());
+    pack_if_matmul_weight(p, options.pack);
     claimed.insert(name);
   });
   std::vector<std::string> unexpected;

@@ -31,14 +31,51 @@ class LDLM {
         denoiser(c) {}
 
   template <class F>
-  void visit(const std::string& prefix, F&& f) {
-    feature_model.visit(prefix + "feature_model.", f);
-    encoder.visit(prefix + "encoder.", f);
-    latent_decoder.visit(prefix + "latent_decoder.", f);
-    token_decoder.visit(prefix + "token_decoder.", f);
-    denoiser.visit(prefix + "denoiser.", f);
-  }
+  void visit(const std::string& prefix, F&& f);
 };
+
+/// The one table of LDLM's modules: calls f(name, module) for each, in state-dict
+/// order. The name is the module's state-dict prefix without its dot.
+template <class Model, class F>
+void for_each_module(Model& m, F&& f) {
+  f("feature_model", m.feature_model);
+  f("encoder", m.encoder);
+  f("latent_decoder", m.latent_decoder);
+  f("token_decoder", m.token_decoder);
+  f("denoiser", m.denoiser);
+}
+
+/// The names of for_each_module, in its order.
+inline const std::vector<std::string>& module_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> list;
+    const LDLM<float> shapes_only;  // allocates no parameter
+    for_each_module(shapes_only, [&](const char* name, const auto&) { list.emplace_back(name); });
+    return list;
+  }();
+  return names;
+}
+
+/// Calls f(module) on the module called `name`; an unknown name is an InvalidArgument
+/// that lists the known ones.
+template <class Model, class F>
+void with_module(Model& m, const std::string& name, F&& f) {
+  bool found = false;
+  for_each_module(m, [&](const char* module_name, auto& module) {
+    if (name == module_name) found = true, f(module);
+  });
+  if (!found) {
+    std::string known;
+    for (const auto& n : module_names()) known += (known.empty() ? "" : ", ") + n;
+    throw InvalidArgument("ldlm: unknown module '" + name + "' (modules: " + known + ")");
+  }
+}
+
+template <class S>
+template <class F>
+void LDLM<S>::visit(const std::string& prefix, F&& f) {
+  for_each_module(*this, [&](const char* name, auto& module) { module.visit(prefix + name + ".", f); });
+}
 
 /// One row of the parameter table: a module and its trained/frozen counts.
 struct ModuleParameters {
@@ -49,11 +86,9 @@ struct ModuleParameters {
 /// Per-module counts of an instantiated (not necessarily allocated) model.
 template <class S>
 std::vector<ModuleParameters> parameter_table(const LDLM<S>& m) {
-  return {{"feature_model", count_parameters(m.feature_model)},
-          {"encoder", count_parameters(m.encoder)},
-          {"latent_decoder", count_parameters(m.latent_decoder)},
-          {"token_decoder", count_parameters(m.token_decoder)},
-          {"denoiser", count_parameters(m.denoiser)}};
+  std::vector<ModuleParameters> table;
+  for_each_module(m, [&](const char* name, const auto& module) { table.push_back({name, count_parameters(module)}); });
+  return table;
 }
 
 /// Counts of the model a config describes, from its shapes alone: nothing is

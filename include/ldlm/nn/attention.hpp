@@ -30,7 +30,7 @@ namespace detail {
 /// Rotary (when on) and attention over a [rows, 3d] buffer holding q | k | v;
 /// writes the merged heads to a [rows, d].
 template <class S>
-void attend_qkv(Context& ctx, const AttentionSettings& s, MatrixMap<S> qkv, Index B, Index T,
+void attend_qkv(Context& ctx, const AttentionSettings& s, Precision precision, MatrixMap<S> qkv, Index B, Index T,
                 const RotaryTable<S>* rotary, MatrixMap<S> a) {
   const Index d = s.d_model;
   if (s.rotary) {
@@ -41,7 +41,7 @@ void attend_qkv(Context& ctx, const AttentionSettings& s, MatrixMap<S> qkv, Inde
   }
   const Index stride = 3 * d;
   attention<S>(ctx, {qkv.data(), stride}, {qkv.data() + d, stride}, {qkv.data() + 2 * d, stride}, a.data(), d,
-               {B, T, T, s.heads, s.head_dim}, {s.softcap, s.causal});
+               {B, T, T, s.heads, s.head_dim}, {s.softcap, s.causal, precision});
 }
 }  // namespace detail
 
@@ -69,7 +69,7 @@ struct FusedSelfAttention {
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
     MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);             // [B*T, d]
     attn_qkv.forward(ctx, x, qkv);
-    detail::attend_qkv<S>(ctx, settings, qkv, B, T, rotary, a);
+    detail::attend_qkv<S>(ctx, settings, attn_qkv.precision(), qkv, B, T, rotary, a);
     attn_out.forward(ctx, a, y);
   }
 };
@@ -104,7 +104,7 @@ struct SelfAttention {
     q_proj.forward(ctx, x, qkv.middleCols(0, d));
     k_proj.forward(ctx, x, qkv.middleCols(d, d));
     v_proj.forward(ctx, x, qkv.middleCols(2 * d, d));
-    detail::attend_qkv<S>(ctx, settings, qkv, B, T, rotary, a);
+    detail::attend_qkv<S>(ctx, settings, q_proj.precision(), qkv, B, T, rotary, a);
     o_proj.forward(ctx, a, y);
   }
 };
@@ -135,7 +135,7 @@ struct GPT2Attention {
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
     MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);             // [B*T, d]
     c_attn.forward(ctx, x, qkv);
-    detail::attend_qkv<S>(ctx, settings, qkv, B, T, nullptr, a);
+    detail::attend_qkv<S>(ctx, settings, c_attn.precision(), qkv, B, T, nullptr, a);
     c_proj.forward(ctx, a, y);
   }
 };
@@ -198,7 +198,7 @@ struct LatentAttention {
       rms_norm_heads_inplace<S>(ctx, kv, 0, settings.heads, key_norm.gamma.data(), hd, key_norm.eps);
     }
     attention<S>(ctx, {q.data(), d}, {kv.data(), 2 * d}, {kv.data() + d, 2 * d}, a.data(), d,
-                 {B, Tq, L, settings.heads, hd}, {settings.softcap, false});
+                 {B, Tq, L, settings.heads, hd}, {settings.softcap, false, latents_to_Q.precision()});
     projector_latents.forward(ctx, a, y);
   }
 };

@@ -1,28 +1,82 @@
 // Linear layers owning named parameters: nn.Linear ([out, in]) and GPT-2's Conv1D
-// ([in, out], the transpose).
+// ([in, out], the transpose). Their weights are MatmulWeights: once loaded they are
+// packed for the chosen kernel and precision (ops/gemm.hpp), and the forward pass
+// runs in the precision they were packed in.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "ldlm/core/parameter.hpp"
+#include "ldlm/core/precision.hpp"
 #include "ldlm/ops/linear.hpp"
 
 namespace ldlm::nn {
 
+/// A parameter that feeds matrix products. pack() reorders its values once into the
+/// layout and precision of the kernel and releases the plain copy, so a packed model
+/// holds each weight once (in bf16: half the bytes).
+template <class S>
+class MatmulWeight : public Parameter<S> {
+ public:
+  MatmulWeight() = default;
+  MatmulWeight(Shape shape, Role role, WeightLayout layout) : Parameter<S>(std::move(shape), role), layout_(layout) {}
+
+  /// Storage for new values; a previous packing no longer applies.
+  void allocate() {
+    packed_.reset();
+    Parameter<S>::allocate();
+  }
+
+  /// Packs the loaded values for products in `precision`. A double model keeps its
+  /// values and computes in double; it has no bf16 mode.
+  void pack(Precision precision) {
+    if constexpr (std::is_same_v<S, float>) {
+      packed_ = std::make_shared<const PackedMatrix>(PackedMatrix::pack(std::as_const(*this).matrix(), layout_, precision));
+      this->release();
+    } else if (precision == Precision::bf16) {
+      throw InvalidArgument("MatmulWeight::pack: bf16 precision needs a float model, this one computes in double");
+    }
+  }
+
+  WeightLayout layout() const { return layout_; }
+  /// The precision of this weight's products: fp32 until packed in bf16.
+  Precision precision() const { return packed_ ? packed_->precision() : Precision::fp32; }
+  /// Null until packed.
+  const PackedMatrix* packed() const { return packed_.get(); }
+
+ private:
+  WeightLayout layout_ = WeightLayout::out_in;
+  std::shared_ptr<const PackedMatrix> packed_;  // shared: copies of a module share one packing
+};
+
+/// y = x Wᵀ (+ b) through the packed weight when there is one.
+template <class S, class Epilogue>
+void linear_forward(Context& ctx, ConstMatRef<S> x, const MatmulWeight<S>& w, const S* bias, MatRef<S> y,
+                    Epilogue&& epilogue) {
+  if constexpr (std::is_same_v<S, float>) {
+    if (const PackedMatrix* packed = w.packed())
+      return linear(ctx, x, *packed, bias, y, std::forward<Epilogue>(epilogue));
+  }
+  linear<S>(ctx, x, w.matrix(), bias, y, w.layout(), std::forward<Epilogue>(epilogue));
+}
+
 template <class S = float>
 struct Linear {
-  Parameter<S> weight;  // [out, in]
-  Parameter<S> bias;    // [out], when has_bias
+  MatmulWeight<S> weight;  // [out, in]
+  Parameter<S> bias;       // [out], when has_bias
   bool has_bias = false;
 
   Linear() = default;
   Linear(Index in, Index out, bool with_bias, Role role = Role::trained)
-      : weight({out, in}, role), bias(with_bias ? Shape{out} : Shape{}, role), has_bias(with_bias) {}
+      : weight({out, in}, role, WeightLayout::out_in), bias(with_bias ? Shape{out} : Shape{}, role), has_bias(with_bias) {}
 
   Index in_features() const { return weight.shape()[1]; }
   Index out_features() const { return weight.shape()[0]; }
+  Precision precision() const { return weight.precision(); }
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {
@@ -33,22 +87,22 @@ struct Linear {
   /// y[M, out] = x[M, in] Wᵀ (+ b), then epilogue (see ldlm::linear). y must not alias x.
   template <class Epilogue = std::nullptr_t>
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
-    linear<S>(ctx, x, weight.matrix(), has_bias ? bias.data() : nullptr, y, WeightLayout::out_in,
-              std::forward<Epilogue>(epilogue));
+    linear_forward<S>(ctx, x, weight, has_bias ? bias.data() : nullptr, y, std::forward<Epilogue>(epilogue));
   }
 };
 
 /// Hugging Face GPT-2 Conv1D: weight stored [in, out], y = x W + b.
 template <class S = float>
 struct Conv1D {
-  Parameter<S> weight;  // [in, out]
-  Parameter<S> bias;    // [out]
+  MatmulWeight<S> weight;  // [in, out]
+  Parameter<S> bias;       // [out]
 
   Conv1D() = default;
-  Conv1D(Index in, Index out, Role role) : weight({in, out}, role), bias({out}, role) {}
+  Conv1D(Index in, Index out, Role role) : weight({in, out}, role, WeightLayout::in_out), bias({out}, role) {}
 
   Index in_features() const { return weight.shape()[0]; }
   Index out_features() const { return weight.shape()[1]; }
+  Precision precision() const { return weight.precision(); }
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {
@@ -58,7 +112,7 @@ struct Conv1D {
 
   template <class Epilogue = std::nullptr_t>
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
-    linear<S>(ctx, x, weight.matrix(), bias.data(), y, WeightLayout::in_out, std::forward<Epilogue>(epilogue));
+    linear_forward<S>(ctx, x, weight, bias.data(), y, std::forward<Epilogue>(epilogue));
   }
 };
 

@@ -2,20 +2,27 @@
 // head, tile of queries) one task computes the tile's scores against every key
 // with a GEMM, caps and exponentiates them, multiplies by V and normalises; a
 // task holds at most tile_rows × Tk scores, in scratch reserved once per call.
+//
+// In bf16 (docs/model.md#precision) Q, K and V are rounded to bf16 once, and the
+// softmax, computed in fp32 and normalised, is rounded to bf16 before P·V: the
+// order of `softmax(q kᵀ) @ v` under autocast, whose fp32 softmax output is cast
+// for the second product.
 #pragma once
 
 #include <array>
 #include <cmath>
+#include <type_traits>
 
 #include "ldlm/core/context.hpp"
-#include "ldlm/ops/linear.hpp"
+#include "ldlm/core/precision.hpp"
+#include "ldlm/ops/gemm.hpp"
 
 namespace ldlm {
 
-/// Queries per attention task. OpenBLAS repacks K and V for every tile; 256
-/// queries (1 MB of float scores at Tk = 1024) cut that packing from ~10% to ~5%
-/// of attention time against 64-query tiles. Tiles shrink (down to 64 queries)
-/// only when there would otherwise be fewer than four tasks per thread.
+/// Queries per attention task. The GEMM repacks K and V for every tile; 256
+/// queries (1 MB of float scores at Tk = 1024) cut that packing against 64-query
+/// tiles. Tiles shrink (down to 64 queries) only when there would otherwise be
+/// fewer than four tasks per thread.
 inline constexpr Index kAttentionQueryTile = 256;
 inline constexpr Index kAttentionMinQueryTile = 64;
 
@@ -30,6 +37,7 @@ struct AttentionShape {
 struct AttentionOptions {
   double softcap = 0.0;  // c · tanh(s / c) after the 1/sqrt(hd) scale; 0 disables it
   bool causal = false;   // query i sees keys j <= i (requires Tq == Tk)
+  Precision precision = Precision::fp32;  // of QKᵀ and P·V
 };
 
 /// One head's columns [h*hd, (h+1)*hd) of a row-major matrix whose rows are (b, t).
@@ -39,17 +47,29 @@ struct HeadRows {
   Index row_stride;  // elements between consecutive rows
 };
 
-/// out[b*Tq + i, h*hd : (h+1)*hd] = Σ_j softmax_j(cap(q_i · k_j / √hd)) v_j for all b, h.
-/// q, k, v and out carry their own row strides (so q, k, v may be column blocks
-/// of one fused projection). out must not alias q, k or v.
-template <class S>
-void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out, Index out_stride,
-               const AttentionShape& shape, const AttentionOptions& options) {
+namespace detail {
+/// c[M, N] = alpha · a · op(b) on operands of type E (S, or bf16), into float or S.
+template <class E, class S>
+void attention_product(const E* a, Index lda, const E* b, Index ldb, bool transpose_b, Index M, Index N, Index K,
+                       S alpha, S* c, Index ldc) {
+  if constexpr (std::is_same_v<E, bf16>) {
+    gemm_bf16({a, M, K, lda}, {b, transpose_b ? N : K, transpose_b ? K : N, ldb}, transpose_b, alpha, 0.0f,
+              StridedMap<float>(c, M, N, Eigen::OuterStride<>(ldc)));
+  } else {
+    gemm<S>(ConstStridedMap<S>(a, M, K, Eigen::OuterStride<>(lda)),
+            ConstStridedMap<S>(b, transpose_b ? N : K, transpose_b ? K : N, Eigen::OuterStride<>(ldb)), transpose_b,
+            alpha, S(0), StridedMap<S>(c, M, N, Eigen::OuterStride<>(ldc)));
+  }
+}
+
+/// The tile loop over operands of type E. With `bf16_probabilities`, each softmax row
+/// is normalised and rounded to bf16 before P·V (as E, or as bf16-valued S when E
+/// is S); otherwise P·V takes exp(s − max) and the 1/Σ waits until the output rows,
+/// which are hd wide rather than Tk.
+template <class S, class E>
+void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, S* out, Index out_stride,
+                     const AttentionShape& shape, const AttentionOptions& options, bool bf16_probabilities) {
   const Index B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, H = shape.heads, hd = shape.head_dim;
-  if (options.causal && Tq != Tk)
-    throw ShapeError("attention: causal attention needs as many queries as keys, got Tq = " + std::to_string(Tq) +
-                     ", Tk = " + std::to_string(Tk));
-  if (Tq == 0 || Tk == 0) return;
   Index tile_rows = std::min(kAttentionQueryTile, Tq);
   while (tile_rows > kAttentionMinQueryTile && B * H * ((Tq + tile_rows - 1) / tile_rows) < 4 * ctx.threads())
     tile_rows /= 2;
@@ -62,24 +82,27 @@ void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out
   // the alignment must not depend on which worker runs a tile.
   constexpr Index kAlignFloats = 64 / static_cast<Index>(sizeof(S));
   const Index worker_stride = (tile_rows * Tk + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  constexpr bool convert_probabilities = !std::is_same_v<E, S>;  // bf16 operands: P gets its own copy
   Arena::Scope scope(ctx.arena());
   S* scratch = ctx.arena().allocate<S>(static_cast<std::size_t>(ctx.threads() * worker_stride));
+  E* probabilities = convert_probabilities
+                         ? ctx.arena().allocate<E>(static_cast<std::size_t>(ctx.threads() * worker_stride))
+                         : nullptr;
 
   ctx.pool().parallel_for(B * H * tiles, [&](Index task, int worker) {
     const Index tile = task % tiles, h = (task / tiles) % H, b = task / (tiles * H);
     const Index i0 = tile * tile_rows, rows = std::min(tile_rows, Tq - i0);
     // Causal tiles only need keys up to their last query.
     const Index keys = options.causal ? i0 + rows : Tk;
-    ConstStridedMap<S> Q(q.data + (b * Tq + i0) * q.row_stride + h * hd, rows, hd, Eigen::OuterStride<>(q.row_stride));
-    ConstStridedMap<S> K(k.data + b * Tk * k.row_stride + h * hd, keys, hd, Eigen::OuterStride<>(k.row_stride));
-    ConstStridedMap<S> V(v.data + b * Tk * v.row_stride + h * hd, keys, hd, Eigen::OuterStride<>(v.row_stride));
-    StridedMap<S> O(out + (b * Tq + i0) * out_stride + h * hd, rows, hd, Eigen::OuterStride<>(out_stride));
+    const E* Q = q.data + (b * Tq + i0) * q.row_stride + h * hd;
+    const E* K = k.data + b * Tk * k.row_stride + h * hd;
+    const E* V = v.data + b * Tk * v.row_stride + h * hd;
+    S* O = out + (b * Tq + i0) * out_stride + h * hd;
     MatrixMap<S> P(scratch + static_cast<Index>(worker) * worker_stride, rows, keys);  // [rows, keys]
     std::array<S, kAttentionQueryTile> row_sum;
 
-    gemm<S>(Q, K, /*transpose_b=*/true, scale, S(0), P);  // P = (Q / √hd) Kᵀ
-    // Each score row is capped, shifted and exponentiated while it sits in L1;
-    // the 1/Σ normalisation waits until after P·V, where a row is hd wide, not Tk.
+    attention_product<E, S>(Q, q.row_stride, K, k.row_stride, true, rows, keys, hd, scale, P.data(), keys);  // (Q/√hd) Kᵀ
+    // Each score row is capped, shifted and exponentiated while it sits in L1.
     for (Index r = 0; r < rows; ++r) {
       const Index visible = options.causal ? i0 + r + 1 : keys;
       Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>> row(P.row(r).data(), visible);
@@ -87,10 +110,70 @@ void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out
       row = (row - row.maxCoeff()).exp();
       row_sum[r] = row.sum();
       P.row(r).tail(keys - visible).setZero();  // masked keys: exp(-inf) = 0
+      if (bf16_probabilities) {
+        row *= S(1) / row_sum[r];
+        if constexpr (convert_probabilities)
+          to_bf16(P.row(r).data(), keys, probabilities + static_cast<Index>(worker) * worker_stride + r * keys);
+        else if constexpr (std::is_same_v<S, float>)
+          round_to_bf16(P.row(r).data(), keys, P.row(r).data());
+      }
     }
-    gemm<S>(P, V, /*transpose_b=*/false, S(1), S(0), O);  // O = exp(P) V
-    for (Index r = 0; r < rows; ++r) O.row(r) /= row_sum[r];
+    if constexpr (convert_probabilities) {
+      attention_product<E, S>(probabilities + static_cast<Index>(worker) * worker_stride, keys, V, v.row_stride, false,
+                              rows, hd, keys, S(1), O, out_stride);
+    } else {
+      attention_product<E, S>(P.data(), keys, V, v.row_stride, false, rows, hd, keys, S(1), O, out_stride);  // exp(P) V
+      if (!bf16_probabilities)
+        for (Index r = 0; r < rows; ++r) StridedMap<S>(O + r * out_stride, 1, hd, Eigen::OuterStride<>(hd)) /= row_sum[r];
+    }
   });
+}
+
+/// Copies rows × (heads·hd) of a strided source into dense operand storage:
+/// bf16 values, or bf16-rounded floats.
+template <class E>
+HeadRows<E> bf16_operand(Context& ctx, HeadRows<float> x, Index rows, Index width) {
+  E* dense = ctx.arena().allocate<E>(static_cast<std::size_t>(rows * width));
+  for_each_row(ctx, rows, [&](Index r) {
+    if constexpr (std::is_same_v<E, bf16>)
+      to_bf16(x.data + r * x.row_stride, width, dense + r * width);
+    else
+      round_to_bf16(x.data + r * x.row_stride, width, dense + r * width);
+  });
+  return {dense, width};
+}
+
+template <class E>
+void attention_bf16(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, float* out,
+                    Index out_stride, const AttentionShape& s, const AttentionOptions& options) {
+  Arena::Scope scope(ctx.arena());
+  const Index width = s.heads * s.head_dim;
+  const auto qb = bf16_operand<E>(ctx, q, s.batch * s.q_len, width);
+  const auto kb = bf16_operand<E>(ctx, k, s.batch * s.kv_len, width);
+  const auto vb = bf16_operand<E>(ctx, v, s.batch * s.kv_len, width);
+  attention_tiles<float, E>(ctx, qb, kb, vb, out, out_stride, s, options, /*bf16_probabilities=*/true);
+}
+}  // namespace detail
+
+/// out[b*Tq + i, h*hd : (h+1)*hd] = Σ_j softmax_j(cap(q_i · k_j / √hd)) v_j for all b, h.
+/// q, k, v and out carry their own row strides (so q, k, v may be column blocks
+/// of one fused projection). out must not alias q, k or v.
+template <class S>
+void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out, Index out_stride,
+               const AttentionShape& shape, const AttentionOptions& options) {
+  if (options.causal && shape.q_len != shape.kv_len)
+    throw ShapeError("attention: causal attention needs as many queries as keys, got Tq = " +
+                     std::to_string(shape.q_len) + ", Tk = " + std::to_string(shape.kv_len));
+  if (shape.q_len == 0 || shape.kv_len == 0) return;
+  if (options.precision == Precision::fp32) return detail::attention_tiles<S, S>(ctx, q, k, v, out, out_stride, shape, options, false);
+  if constexpr (std::is_same_v<S, float>) {
+    if (bf16_operands_native())
+      detail::attention_bf16<bf16>(ctx, q, k, v, out, out_stride, shape, options);
+    else
+      detail::attention_bf16<float>(ctx, q, k, v, out, out_stride, shape, options);
+  } else {
+    throw InvalidArgument("attention: bf16 precision needs float tensors, these are double");
+  }
 }
 
 }  // namespace ldlm

@@ -21,7 +21,7 @@ void add_positions(Context& ctx, ConstMatRef<S> table, Index T, MatRef<S> x) {
     throw ShapeError("add_positions: position table " + shape_string(Shape{table.rows(), table.cols()}) +
                      " cannot serve T = " + std::to_string(T) + " with " + std::to_string(x.cols()) + " features");
   const S s = position_scale<S>(table.cols());
-  detail::for_each_row(ctx, x.rows(), [&](Index r) { x.row(r) += table.row(r % T) * s; });
+  for_each_row(ctx, x.rows(), [&](Index r) { x.row(r) += table.row(r % T) * s; });
 }
 
 /// emb[b] = [cos(t_b f_j), sin(t_b f_j)], f_j = exp(−ln(P) j / (n/2)), j < n/2.

@@ -1,67 +1,19 @@
-// Matrix products over all B*T rows at once. Every activation is a row-major
+// Linear maps over all B*T rows at once. Every activation is a row-major
 // [rows, features] matrix; a weight is either nn.Linear's [out, in] or GPT-2's
-// Conv1D [in, out]. Work is split over the context's threads by rows (or, for
-// few rows, by output features); the GEMM itself stays single-threaded.
+// Conv1D [in, out], plain or packed (ops/gemm.hpp). Work is split over the
+// context's threads by rows (plain weights with few rows: by output features);
+// each product runs on one thread.
 #pragma once
 
 #include <algorithm>
-#include <climits>
 #include <cstddef>
 #include <type_traits>
 
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/tensor.hpp"
-
-#if defined(LDLM_USE_BLAS) && !defined(EIGEN_USE_BLAS)
-#error "LDLM_USE_BLAS needs EIGEN_USE_BLAS, whose <Eigen/Core> declares sgemm_/dgemm_ (the ldlm::ldlm target defines both)"
-#endif
+#include "ldlm/ops/gemm.hpp"
 
 namespace ldlm {
-
-enum class WeightLayout { out_in, in_out };
-
-/// c[M, N] = alpha · a[M, K] · op(b) + beta · c, with op(b) = bᵀ for b [N, K]
-/// (transpose_b) and b for b [K, N]. With beta = 0, c is only written, never read.
-/// c must not alias a or b. Runs on the calling thread only.
-template <class S>
-void gemm(ConstMatRef<S> a, ConstMatRef<S> b, bool transpose_b, S alpha, S beta, MatRef<S> c) {
-  const Index M = c.rows(), N = c.cols(), K = a.cols();
-  const Index b_rows = transpose_b ? N : K, b_cols = transpose_b ? K : N;
-  if (a.rows() != M || b.rows() != b_rows || b.cols() != b_cols)
-    throw ShapeError("gemm: a " + shape_string(Shape{a.rows(), a.cols()}) + ", b " +
-                     shape_string(Shape{b.rows(), b.cols()}) + (transpose_b ? " (transposed)" : "") + ", c " +
-                     shape_string(Shape{M, N}) + " do not fit; b must be " + shape_string(Shape{b_rows, b_cols}));
-  if (M == 0 || N == 0) return;
-#if defined(LDLM_USE_BLAS)
-  constexpr bool blas_scalar = std::is_same_v<S, float> || std::is_same_v<S, double>;
-  const bool fits_int = std::max({M, N, K, a.outerStride(), b.outerStride(), c.outerStride()}) <= INT_MAX;
-  if constexpr (blas_scalar) {
-    if (fits_int && K > 0) {
-      detail::keep_blas_single_threaded();
-      // Row-major C = A·op(B) is column-major Cᵀ = op(B)ᵀ·Aᵀ, and each row-major
-      // matrix already is its own transpose in column-major order. Calling the BLAS
-      // directly spares Eigen's product wrapper its own zero fill of c (OpenBLAS
-      // still clears c itself when beta = 0).
-      const char trans_b = transpose_b ? 'T' : 'N', no_trans = 'N';
-      const int m = int(N), n = int(M), k = int(K);
-      const int lda = int(a.outerStride()), ldb = int(b.outerStride()), ldc = int(c.outerStride());
-      if constexpr (std::is_same_v<S, float>)
-        sgemm_(&trans_b, &no_trans, &m, &n, &k, &alpha, b.data(), &ldb, a.data(), &lda, &beta, c.data(), &ldc);
-      else
-        dgemm_(&trans_b, &no_trans, &m, &n, &k, &alpha, b.data(), &ldb, a.data(), &lda, &beta, c.data(), &ldc);
-      return;
-    }
-  }
-#endif
-  if (beta == S(0))
-    c.setZero();
-  else if (beta != S(1))
-    c *= beta;
-  if (transpose_b)
-    c.noalias() += (alpha * a) * b.transpose();
-  else
-    c.noalias() += (alpha * a) * b;
-}
 
 /// y[M, N] = x[M, K] · W (+ bias[N]), with W = w^T for out_in ([N, K]) and W = w for
 /// in_out ([K, N]). bias may be null. y must not alias x or w. `epilogue`, if
@@ -99,6 +51,32 @@ void linear(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> w, const S* bias, Mat
     else
       gemm<S>(x.middleRows(r0, rows), w.middleCols(c0, cols), false, S(1), beta, out);
     if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(out);
+  });
+}
+
+/// y[M, N] = x[M, K] · W (+ bias[N]) with a packed weight, then `epilogue` on each
+/// finished block of rows, as above. Rows are split over the threads in blocks of
+/// at least 16 (packed kernels keep their speed down to about that many rows).
+/// y must not alias x.
+template <class Epilogue = std::nullptr_t>
+void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
+            Epilogue&& epilogue = nullptr) {
+  const Index M = x.rows(), N = w.out_features(), K = w.in_features();
+  if (x.cols() != K || y.rows() != M || y.cols() != N)
+    throw ShapeError("linear: x " + shape_string(Shape{M, x.cols()}) + ", weight " + shape_string(w.weight_shape()) +
+                     ", y " + shape_string(Shape{y.rows(), y.cols()}) + " do not fit");
+  if (M == 0) return;
+  const Index parts = std::clamp<Index>(M / 16, 1, ctx.threads());
+  const Index chunk = (M + parts - 1) / parts;
+  Arena::Scope scope(ctx.arena());
+  const std::size_t scratch_stride = (w.scratch_bytes(chunk) + 63) / 64 * 64;
+  std::byte* scratch = ctx.arena().allocate<std::byte>(scratch_stride * static_cast<std::size_t>(parts));
+  ctx.pool().parallel_for(parts, [&](Index part, int) {
+    const Index r0 = part * chunk, rows = std::min(chunk, M - r0);
+    if (rows <= 0) return;
+    w.multiply(x.row(r0).data(), x.outerStride(), rows, bias, y.row(r0).data(), y.outerStride(),
+               scratch + scratch_stride * static_cast<std::size_t>(part));
+    if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(y.middleRows(r0, rows));
   });
 }
 

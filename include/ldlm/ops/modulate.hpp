@@ -37,7 +37,7 @@ void modulate(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> shift, ConstMatRef<
   const Index d = x.cols();
   detail::check_modulate_shapes("modulate", x.rows(), d, T, shift.rows(), shift.cols(), scale.rows(), scale.cols(),
                                 y.rows(), y.cols());
-  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+  for_each_row(ctx, x.rows(), [&](Index r) {
     const Index b = r / T;
     detail::modulate_row(x.row(r).data(), shift.row(b).data(), scale.row(b).data(), d, y.row(r).data());
   });
@@ -52,7 +52,7 @@ void layer_norm_modulate(Context& ctx, ConstMatRef<S> x, const S* gamma, float e
   detail::check_norm_shapes("layer_norm_modulate", d, y.rows(), x.rows(), y.cols(), d);
   detail::check_modulate_shapes("layer_norm_modulate", x.rows(), d, T, shift.rows(), shift.cols(), scale.rows(),
                                 scale.cols(), y.rows(), y.cols());
-  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+  for_each_row(ctx, x.rows(), [&](Index r) {
     const Index b = r / T;
     detail::layer_norm_gain_row(x.row(r).data(), gamma, eps, d, y.row(r).data());
     detail::modulate_row(y.row(r).data(), shift.row(b).data(), scale.row(b).data(), d, y.row(r).data());
@@ -62,14 +62,14 @@ void layer_norm_modulate(Context& ctx, ConstMatRef<S> x, const S* gamma, float e
 /// residual += gate[b] ⊙ x (dropout is the identity at inference).
 template <class S>
 void gated_residual_add(Context& ctx, MatRef<S> residual, ConstMatRef<S> gate, ConstMatRef<S> x, Index T) {
-  detail::for_each_row(ctx, x.rows(), [&](Index r) { residual.row(r) += gate.row(r / T).cwiseProduct(x.row(r)); });
+  for_each_row(ctx, x.rows(), [&](Index r) { residual.row(r) += gate.row(r / T).cwiseProduct(x.row(r)); });
 }
 
 /// ScaleMask with every position masked (m = 1): y = x · (1 + w + b). y may alias x.
 template <class S>
 void scale_mask(Context& ctx, ConstMatRef<S> x, S w, S b, MatRef<S> y) {
   const S factor = S(1) + w * S(1) + b;
-  detail::for_each_row(ctx, x.rows(), [&](Index r) { y.row(r) = x.row(r) * factor; });
+  for_each_row(ctx, x.rows(), [&](Index r) { y.row(r) = x.row(r) * factor; });
 }
 
 }  // namespace ldlm

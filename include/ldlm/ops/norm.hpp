@@ -11,17 +11,6 @@
 namespace ldlm {
 
 namespace detail {
-/// Runs f(row) for every row, in chunks over the context's threads.
-template <class F>
-void for_each_row(Context& ctx, Index rows, F&& f) {
-  constexpr Index kRowsPerTask = 32;
-  const Index tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
-  ctx.pool().parallel_for(tasks, [&](Index task, int) {
-    const Index end = std::min(rows, (task + 1) * kRowsPerTask);
-    for (Index r = task * kRowsPerTask; r < end; ++r) f(r);
-  });
-}
-
 inline void check_norm_shapes(const char* op, Index x_cols, Index y_rows, Index x_rows, Index y_cols, Index gain) {
   if (x_cols != gain || y_cols != x_cols || y_rows != x_rows)
     throw ShapeError(std::string(op) + ": x [" + std::to_string(x_rows) + ", " + std::to_string(x_cols) +
@@ -46,7 +35,7 @@ template <class S>
 void layer_norm_gain(Context& ctx, ConstMatRef<S> x, const S* gamma, float eps, MatRef<S> y) {
   const Index n = x.cols();
   detail::check_norm_shapes("layer_norm_gain", n, y.rows(), x.rows(), y.cols(), n);
-  detail::for_each_row(ctx, x.rows(),
+  for_each_row(ctx, x.rows(),
                        [&](Index r) { detail::layer_norm_gain_row(x.row(r).data(), gamma, eps, n, y.row(r).data()); });
 }
 
@@ -56,7 +45,7 @@ void layer_norm(Context& ctx, ConstMatRef<S> x, const S* gamma, const S* beta, S
   const Index n = x.cols();
   detail::check_norm_shapes("layer_norm", n, y.rows(), x.rows(), y.cols(), n);
   ConstRowVectorMap<S> g(gamma, n), b(beta, n);
-  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+  for_each_row(ctx, x.rows(), [&](Index r) {
     const S mean = x.row(r).mean();
     const S var = (x.row(r).array() - mean).square().mean();
     const S inv_std = S(1) / std::sqrt(var + eps);
@@ -71,7 +60,7 @@ void rms_norm(Context& ctx, ConstMatRef<S> x, const S* gamma, S eps, MatRef<S> y
   detail::check_norm_shapes("rms_norm", n, y.rows(), x.rows(), y.cols(), n);
   ConstRowVectorMap<S> g(gamma, n);
   const S inv_sqrt_n = S(1) / std::sqrt(static_cast<S>(n));
-  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+  for_each_row(ctx, x.rows(), [&](Index r) {
     const S rms = std::max(x.row(r).norm() * inv_sqrt_n, eps);
     y.row(r) = (x.row(r) / rms).cwiseProduct(g);
   });
@@ -83,7 +72,7 @@ template <class S>
 void rms_norm_heads_inplace(Context& ctx, MatRef<S> x, Index col0, Index heads, const S* gamma, Index hd, S eps) {
   ConstRowVectorMap<S> g(gamma, hd);
   const S inv_sqrt_n = S(1) / std::sqrt(static_cast<S>(hd));
-  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+  for_each_row(ctx, x.rows(), [&](Index r) {
     for (Index h = 0; h < heads; ++h) {
       auto seg = x.row(r).segment(col0 + h * hd, hd);
       const S rms = std::max(seg.norm() * inv_sqrt_n, eps);

@@ -46,7 +46,7 @@ void apply_rotary_inplace(Context& ctx, MatRef<S> x, Index col0, Index heads, In
   if (table.T < T || table.half != half)
     throw ShapeError("rotary: table for T = " + std::to_string(table.T) + ", hd = " + std::to_string(2 * table.half) +
                      " cannot serve T = " + std::to_string(T) + ", hd = " + std::to_string(hd));
-  detail::for_each_row(ctx, x.rows(), [&](Index r) {
+  for_each_row(ctx, x.rows(), [&](Index r) {
     const Index p = r % T;
     const S* c = table.cos + p * half;
     const S* s = table.sin + p * half;

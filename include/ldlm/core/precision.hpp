@@ -1,0 +1,100 @@
+// Numeric precision of the matrix products, and bfloat16 values.
+//
+// The model was trained under bf16 autocast; ldlm's bf16 mode mirrors it (see
+// docs/model.md#precision): every matrix product takes bf16 operands (weights and
+// activations, attention's QKᵀ and P·V included) and accumulates and returns fp32,
+// while norms, softmax, softcap, rotary, modulation, residuals and the residual
+// stream stay fp32. The product of two bf16 values is exact in fp32, so a bf16
+// product can also run on fp32 kernels over bf16-rounded values with the same result
+// up to summation order: that is how CPUs without bf16 instructions run this mode.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "ldlm/core/cpu.hpp"
+#include "ldlm/core/error.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace ldlm {
+
+enum class Precision { fp32, bf16 };
+
+inline constexpr std::string_view precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
+
+/// "fp32" / "bf16" -> Precision; anything else is an InvalidArgument naming `where`.
+inline Precision parse_precision(std::string_view s, std::string_view where = "precision") {
+  if (s == "fp32") return Precision::fp32;
+  if (s == "bf16") return Precision::bf16;
+  throw InvalidArgument(std::string(where) + ": expected 'fp32' or 'bf16', got '" + std::string(s) + "'");
+}
+
+/// A bfloat16 value as its 16 bits: the top half of an IEEE binary32.
+enum class bf16 : std::uint16_t {};
+
+inline float bf16_to_float(bf16 h) { return std::bit_cast<float>(std::uint32_t(h) << 16); }
+
+/// Round to nearest even, NaN kept quiet, subnormals kept: the rounding of
+/// torch's `.to(torch.bfloat16)`, so bf16 references can be matched bit for bit.
+inline bf16 float_to_bf16(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16((u >> 16) | 0x40u);
+  return bf16((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/// f rounded to the nearest bf16 value, as a float.
+inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+namespace detail {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LDLM_HAVE_X86_KERNELS 1
+/// 16 lanes of float_to_bf16's arithmetic, bit for bit (the bf16 conversion
+/// instruction flushes subnormals, so it is not used).
+__attribute__((target("avx512f"))) inline __m512i bf16_bits_avx512(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_blend_epi32(nan, rounded, quiet_nan);
+}
+
+__attribute__((target("avx512f"))) inline void to_bf16_avx512(const float* x, std::int64_t n, bf16* y) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(bf16_bits_avx512(_mm512_loadu_ps(x + i))));
+  for (; i < n; ++i) y[i] = float_to_bf16(x[i]);
+}
+
+__attribute__((target("avx512f"))) inline void round_to_bf16_avx512(const float* x, std::int64_t n, float* y) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits_avx512(_mm512_loadu_ps(x + i)), 16)));
+  for (; i < n; ++i) y[i] = round_to_bf16(x[i]);
+}
+#endif
+}  // namespace detail
+
+/// y[i] = float_to_bf16(x[i]). y must not overlap x.
+inline void to_bf16(const float* x, std::int64_t n, bf16* y) {
+#if defined(LDLM_HAVE_X86_KERNELS)
+  if (cpu_features().avx512f) return detail::to_bf16_avx512(x, n, y);
+#endif
+  for (std::int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]);
+}
+
+/// y[i] = round_to_bf16(x[i]); y may be x.
+inline void round_to_bf16(const float* x, std::int64_t n, float* y) {
+#if defined(LDLM_HAVE_X86_KERNELS)
+  if (cpu_features().avx512f) return detail::round_to_bf16_avx512(x, n, y);
+#endif
+  for (std::int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(x[i]);
+}
+
+}  // namespace ldlm

@@ -1,0 +1,551 @@
+// Matrix products: the one place that decides which kernel multiplies.
+//
+// Backends, chosen once per process (gemm_backend()):
+//   onednn  oneDNN (Debian libdnnl-dev). It dispatches on CPUID features, never on
+//           the CPU model: AMX and AVX512_BF16 for bf16, AVX-512 or AVX2 for fp32.
+//           Weights are reordered once into the layout its kernels want
+//           (PackedMatrix); activation products (attention) use its strided GEMM.
+//   eigen    Eigen's own products: the fallback of a build without oneDNN.
+// Measured on the ldlm-base shapes (bench/README.md): oneDNN's packed fp32 kernels
+// run at 85-100% of the FMA peak where OpenBLAS reached 77% when told the right core
+// and 13% when it guessed the core itself, so OpenBLAS is not used.
+//
+// Threading: every product runs on the calling thread only; ldlm's pool splits the
+// work (ops/linear.hpp, ops/attention.hpp), so a result never depends on which
+// worker computed it. Debian's oneDNN is built on OpenMP, so each call runs with the
+// calling thread's OpenMP thread count set to 1, and restores it afterwards.
+//
+// Test and diagnostic switches (environment, read once): LDLM_GEMM_BACKEND=onednn|eigen
+// forces a backend; oneDNN's own ONEDNN_MAX_CPU_ISA (e.g. AVX2, AVX512_CORE) caps the
+// instruction set it dispatches to. ldlm_gemm_paths() reports what runs.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ldlm/core/error.hpp"
+#include "ldlm/core/precision.hpp"
+#include "ldlm/core/tensor.hpp"
+
+#if defined(LDLM_HAVE_ONEDNN)
+#include <dlfcn.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace ldlm {
+
+enum class WeightLayout { out_in, in_out };  // nn.Linear [out, in]; GPT-2 Conv1D [in, out]
+
+enum class GemmBackend { onednn, eigen };
+
+inline constexpr std::string_view backend_name(GemmBackend b) { return b == GemmBackend::onednn ? "onednn" : "eigen"; }
+
+namespace detail {
+inline GemmBackend choose_gemm_backend() {
+  const char* env = std::getenv("LDLM_GEMM_BACKEND");
+  const std::string forced = env ? env : "";
+  if (forced == "eigen") return GemmBackend::eigen;
+#if defined(LDLM_HAVE_ONEDNN)
+  if (forced.empty() || forced == "onednn") return GemmBackend::onednn;
+#else
+  if (forced.empty()) return GemmBackend::eigen;
+  if (forced == "onednn")
+    throw InvalidArgument("LDLM_GEMM_BACKEND=onednn, but this build of ldlm has no oneDNN (Debian: libdnnl-dev)");
+#endif
+  throw InvalidArgument("LDLM_GEMM_BACKEND: expected 'onednn' or 'eigen', got '" + forced + "'");
+}
+}  // namespace detail
+
+/// The backend of every product in this process.
+inline GemmBackend gemm_backend() {
+  static const GemmBackend backend = detail::choose_gemm_backend();
+  return backend;
+}
+
+/// A row-major bf16 matrix view with its own row stride.
+struct BF16Rows {
+  const bf16* data = nullptr;
+  Index rows = 0, cols = 0, stride = 0;
+};
+
+#if defined(LDLM_HAVE_ONEDNN)
+namespace detail::onednn {
+using dnnl::memory;
+using Dims = memory::dims;
+
+inline dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+inline dnnl::stream& stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+/// Runs oneDNN on the calling thread alone for the scope's lifetime: its OpenMP
+/// runtime sizes every parallel region by the caller's omp_get_max_threads().
+/// The symbols are looked up at run time, so a oneDNN on another runtime (or none)
+/// needs nothing here.
+class SerialScope {
+ public:
+  SerialScope() {
+    if (const Omp& omp = runtime(); omp.get && omp.set) {
+      previous_ = omp.get();
+      if (previous_ != 1) omp.set(1);
+    }
+  }
+  ~SerialScope() {
+    if (previous_ != 1) runtime().set(previous_);
+  }
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  struct Omp {
+    int (*get)() = nullptr;
+    void (*set)(int) = nullptr;
+  };
+  static const Omp& runtime() {
+    static const Omp omp{reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads")),
+                         reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"))};
+    return omp;
+  }
+  int previous_ = 1;
+};
+
+template <class T>
+constexpr memory::data_type data_type() {
+  return std::is_same_v<T, bf16> ? memory::data_type::bf16 : memory::data_type::f32;
+}
+
+/// A matrix product primitive, with this thread's scratchpad for it: primitives use
+/// the user scratchpad mode, so one primitive may run on several threads at once.
+struct Matmul {
+  Matmul(const dnnl::matmul::primitive_desc& pd)
+      : primitive(pd), kernel(pd.impl_info_str()), scratch_bytes(pd.scratchpad_desc().get_size()) {
+    scratch = memory(pd.scratchpad_desc(), engine(), scratch_bytes.data());
+  }
+  dnnl::matmul primitive;
+  std::string kernel;  // oneDNN's implementation name, e.g. "brg:avx512_core_bf16"
+  std::vector<std::byte> scratch_bytes;
+  memory scratch;
+};
+
+/// The arguments of one product. Memory objects are made once per description and
+/// thread and rebound to new data with set_data_handle, and the primitive runs
+/// through the C API with the arguments on the stack: a product allocates nothing
+/// in ldlm's own code (oneDNN still keeps a little bookkeeping per call).
+class ProductArgs {
+ public:
+  ProductArgs() {
+    if (cache().size() >= 256) cache().clear();  // bound growth; no handle of this call exists yet
+  }
+
+  /// A row-major (or, with strides {1, ld}, column-major) matrix at `data`.
+  void add(int arg, memory::data_type type, Index rows, Index cols, Index row_stride, Index col_stride,
+           const void* data) {
+    bind({arg, static_cast<int>(type), rows, cols, row_stride, col_stride, false}, data,
+         [&] { return memory::desc({rows, cols}, type, Dims{row_stride, col_stride}); });
+  }
+  /// A packed weight [K, N]: its layout follows from (type, K, N) (packed_weight_desc).
+  void add_packed(int arg, const memory::desc& desc, const void* data) {
+    const Dims dims = desc.dims();
+    bind({arg, static_cast<int>(desc.data_type()), dims[0], dims[1], 0, 0, /*packed=*/true}, data, [&] { return desc; });
+  }
+  void add_scalar(int arg, const float* value) {
+    bind({arg, static_cast<int>(memory::data_type::f32), 1, 0, 0, 0, false}, value,
+         [] { return memory::desc({1}, memory::data_type::f32, memory::format_tag::x); });
+  }
+
+  void execute(Matmul& mm) {
+    args_[count_++] = {DNNL_ARG_SCRATCHPAD, mm.scratch.get()};
+    SerialScope serial;
+    const dnnl_status_t status = dnnl_primitive_execute(mm.primitive.get(), stream().get(), count_, args_);
+    if (status != dnnl_success)
+      throw Error("gemm: oneDNN " + mm.kernel + " failed with status " + std::to_string(static_cast<int>(status)));
+  }
+
+ private:
+  struct Key {  // arg is part of it: two arguments of one call may share a description
+    int arg;
+    int type;
+    Index rows, cols, row_stride, col_stride;
+    bool packed;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const {
+      std::size_t h = k.packed;
+      for (Index v : {Index(k.arg), Index(k.type), k.rows, k.cols, k.row_stride, k.col_stride})
+        h = h * 0x9E3779B97F4A7C15ull + std::hash<Index>()(v);
+      return h;
+    }
+  };
+  static std::unordered_map<Key, memory, KeyHash>& cache() {
+    thread_local std::unordered_map<Key, memory, KeyHash> memories;
+    return memories;
+  }
+  template <class Describe>
+  void bind(const Key& key, const void* data, Describe&& describe) {
+    auto it = cache().find(key);
+    if (it == cache().end()) it = cache().emplace(key, memory(describe(), engine(), DNNL_MEMORY_NONE)).first;
+    it->second.set_data_handle(const_cast<void*>(data));
+    args_[count_++] = {key.arg, it->second.get()};
+  }
+
+  dnnl_exec_arg_t args_[8];
+  int count_ = 0;
+};
+
+/// C = alpha · A · op(B) + beta · C with every extent and stride given at run time
+/// (oneDNN's gemm-based matmul): one primitive per (type, op(B), beta) and thread.
+inline Matmul& runtime_matmul(memory::data_type type, bool transpose_b, float beta) {
+  struct Entry {
+    memory::data_type type;
+    bool transpose_b;
+    float beta;
+    Matmul matmul;
+  };
+  thread_local std::deque<Entry> cache;
+  for (Entry& e : cache)
+    if (e.type == type && e.transpose_b == transpose_b && e.beta == beta) return e.matmul;
+  const auto R = DNNL_RUNTIME_DIM_VAL;
+  const memory::desc a({R, R}, type, Dims{R, 1});
+  const memory::desc b({R, R}, type, transpose_b ? Dims{1, R} : Dims{R, 1});
+  const memory::desc c({R, R}, memory::data_type::f32, Dims{R, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  SerialScope serial;
+  cache.push_back({type, transpose_b, beta, Matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine()))});
+  return cache.back().matmul;
+}
+
+/// Row-major C[M, N] = alpha · A[M, K] · op(B) + beta · C, strides in elements.
+template <class T>
+void gemm(const T* a, Index lda, const T* b, Index ldb, bool transpose_b, Index M, Index N, Index K, float alpha,
+          float beta, float* c, Index ldc) {
+  const memory::data_type type = data_type<T>();
+  Matmul& mm = runtime_matmul(type, transpose_b, beta);
+  ProductArgs args;
+  args.add(DNNL_ARG_SRC, type, M, K, lda, 1, a);
+  if (transpose_b)
+    args.add(DNNL_ARG_WEIGHTS, type, K, N, 1, ldb, b);
+  else
+    args.add(DNNL_ARG_WEIGHTS, type, K, N, ldb, 1, b);
+  args.add(DNNL_ARG_DST, memory::data_type::f32, M, N, ldc, 1, c);
+  args.add_scalar(DNNL_ARG_ATTR_OUTPUT_SCALES, &alpha);
+  args.execute(mm);
+}
+
+/// The layout oneDNN's kernels want for a [K, N] weight of `type`: asked once per
+/// (N, K, type) for a tall product, then used for products of every row count.
+inline memory::desc packed_weight_desc(Index N, Index K, memory::data_type type) {
+  const memory::desc a({1024, K}, type, memory::format_tag::ab);
+  const memory::desc w({K, N}, type, memory::format_tag::any);
+  const memory::desc c({1024, N}, memory::data_type::f32, memory::format_tag::ab);
+  SerialScope serial;
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, w, c), engine()).weights_desc();
+}
+
+/// y[M, N] = x[M, K] · W (+ bias) on a packed weight; x and y dense.
+inline Matmul& packed_matmul(const memory::desc& weights, Index M, bool bias) {
+  struct Entry {
+    memory::desc weights;
+    Index rows;
+    bool bias;
+    Matmul matmul;
+  };
+  thread_local std::deque<Entry> cache;
+  for (Entry& e : cache)
+    if (e.rows == M && e.bias == bias && e.weights == weights) return e.matmul;
+  // A long run with many distinct row counts would grow without bound.
+  if (cache.size() >= 256) cache.pop_front();
+  const Dims dims = weights.dims();  // [K, N]
+  const memory::desc a({M, dims[0]}, weights.data_type(), memory::format_tag::ab);
+  const memory::desc c({M, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
+  const memory::desc b({1, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  SerialScope serial;
+  cache.push_back({weights, M, bias,
+                   Matmul(dnnl::matmul::primitive_desc(
+                       bias ? dnnl::matmul::desc(a, weights, b, c) : dnnl::matmul::desc(a, weights, c), attr, engine()))});
+  return cache.back().matmul;
+}
+
+/// True for a kernel that multiplies bf16 with bf16 instructions (AVX512_BF16, AMX).
+/// oneDNN also runs bf16 on plain AVX-512 by emulating it, about 3x slower than its
+/// fp32 kernels there, and not at all below AVX-512: on such CPUs ldlm rounds the
+/// operands to bf16 and multiplies with fp32 kernels, which gives the same values.
+inline bool bf16_instructions(const std::string& kernel) {
+  return kernel.find("bf16") != std::string::npos || kernel.find("amx") != std::string::npos;
+}
+}  // namespace detail::onednn
+#endif  // LDLM_HAVE_ONEDNN
+
+/// c[M, N] = alpha · a[M, K] · op(b) + beta · c, with op(b) = bᵀ for b [N, K]
+/// (transpose_b) and b for b [K, N]. With beta = 0, c is only written, never read.
+/// c must not alias a or b. Runs on the calling thread only.
+template <class S>
+void gemm(ConstMatRef<S> a, ConstMatRef<S> b, bool transpose_b, S alpha, S beta, MatRef<S> c) {
+  const Index M = c.rows(), N = c.cols(), K = a.cols();
+  const Index b_rows = transpose_b ? N : K, b_cols = transpose_b ? K : N;
+  if (a.rows() != M || b.rows() != b_rows || b.cols() != b_cols)
+    throw ShapeError("gemm: a " + shape_string(Shape{a.rows(), a.cols()}) + ", b " +
+                     shape_string(Shape{b.rows(), b.cols()}) + (transpose_b ? " (transposed)" : "") + ", c " +
+                     shape_string(Shape{M, N}) + " do not fit; b must be " + shape_string(Shape{b_rows, b_cols}));
+  if (M == 0 || N == 0) return;
+#if defined(LDLM_HAVE_ONEDNN)
+  if constexpr (std::is_same_v<S, float>) {
+    if (gemm_backend() == GemmBackend::onednn && K > 0) {
+      detail::onednn::gemm<float>(a.data(), a.outerStride(), b.data(), b.outerStride(), transpose_b, M, N, K, alpha,
+                                  beta, c.data(), c.outerStride());
+      return;
+    }
+  }
+#endif
+  if (beta == S(0))
+    c.setZero();
+  else if (beta != S(1))
+    c *= beta;
+  if (transpose_b)
+    c.noalias() += (alpha * a) * b.transpose();
+  else
+    c.noalias() += (alpha * a) * b;
+}
+
+/// Whether bf16 operands are multiplied by bf16 kernels (true) or rounded to bf16 and
+/// multiplied by fp32 kernels (false); both give bf16 products with fp32 sums.
+inline bool bf16_operands_native() {
+#if defined(LDLM_HAVE_ONEDNN)
+  static const bool native = [] {
+    if (gemm_backend() != GemmBackend::onednn) return false;
+    namespace dd = detail::onednn;
+    try {
+      const auto desc = dd::packed_weight_desc(64, 64, dd::memory::data_type::bf16);
+      return dd::bf16_instructions(dd::packed_matmul(desc, 64, true).kernel);
+    } catch (const dnnl::error&) {
+      return false;  // no bf16 primitive at all on this instruction set
+    }
+  }();
+  return native;
+#else
+  return false;
+#endif
+}
+
+/// c[M, N] = alpha · a · op(b) + beta · c on bf16 operands, fp32 sums and output:
+/// the bf16 products of attention. Needs bf16_operands_native(); c must not overlap.
+inline void gemm_bf16(BF16Rows a, BF16Rows b, bool transpose_b, float alpha, float beta, MatRef<float> c) {
+  const Index M = c.rows(), N = c.cols(), K = a.cols;
+  if (a.rows != M || (transpose_b ? b.rows != N || b.cols != K : b.rows != K || b.cols != N))
+    throw ShapeError("gemm_bf16: a " + shape_string(Shape{a.rows, a.cols}) + ", b " + shape_string(Shape{b.rows, b.cols}) +
+                     (transpose_b ? " (transposed)" : "") + ", c " + shape_string(Shape{M, N}) + " do not fit");
+  if (M == 0 || N == 0) return;
+#if defined(LDLM_HAVE_ONEDNN)
+  if (bf16_operands_native() && K > 0) {
+    detail::onednn::gemm<bf16>(a.data, a.stride, b.data, b.stride, transpose_b, M, N, K, alpha, beta, c.data(),
+                               c.outerStride());
+    return;
+  }
+#endif
+  throw Error("gemm_bf16: no bf16 kernel in this process (backend " + std::string(backend_name(gemm_backend())) +
+              "); round to bf16 and use gemm<float> instead");
+}
+
+/// A weight reordered once, at load, into the layout the chosen kernel wants, in the
+/// precision its products run in. Immutable after packing, so one packed weight
+/// serves any number of threads.
+class PackedMatrix {
+ public:
+  /// w is [N, K] for out_in (nn.Linear) and [K, N] for in_out (GPT-2 Conv1D).
+  static PackedMatrix pack(ConstMatRef<float> w, WeightLayout layout, Precision precision) {
+    PackedMatrix p;
+    p.precision_ = precision;
+    p.weight_shape_ = Shape{w.rows(), w.cols()};
+    p.n_ = layout == WeightLayout::out_in ? w.rows() : w.cols();
+    p.k_ = layout == WeightLayout::out_in ? w.cols() : w.rows();
+    p.bf16_operands_ = precision == Precision::bf16 && bf16_operands_native();
+    Matrix<float> values = w;  // dense, and rounded when bf16 runs on fp32 kernels
+    if (precision == Precision::bf16 && !p.bf16_operands_) round_to_bf16(values.data(), values.size(), values.data());
+#if defined(LDLM_HAVE_ONEDNN)
+    if (gemm_backend() == GemmBackend::onednn && p.n_ > 0 && p.k_ > 0) {
+      namespace dd = detail::onednn;
+      const auto type = p.bf16_operands_ ? dd::memory::data_type::bf16 : dd::memory::data_type::f32;
+      p.desc_ = dd::packed_weight_desc(p.n_, p.k_, type);
+      p.storage_ = Storage(p.desc_.get_size());
+      // As a [K, N] matrix, nn.Linear's row-major [N, K] is column-major ("ba").
+      const auto plain_tag = layout == WeightLayout::out_in ? dd::memory::format_tag::ba : dd::memory::format_tag::ab;
+      dd::memory plain({{p.k_, p.n_}, dd::memory::data_type::f32, plain_tag}, dd::engine(), values.data());
+      dd::memory packed(p.desc_, dd::engine(), p.storage_.data());
+      dd::SerialScope serial;
+      dnnl::reorder(plain, packed).execute(dd::stream(), plain, packed);
+      dd::stream().wait();
+      p.kernel_ = dd::packed_matmul(p.desc_, 1024, true).kernel;
+      return p;
+    }
+#endif
+    if (layout == WeightLayout::out_in) values.transposeInPlace();  // Eigen multiplies by [K, N]
+    p.plain_ = std::make_shared<const Matrix<float>>(std::move(values));
+    p.kernel_ = "eigen";
+    return p;
+  }
+
+  Index out_features() const { return n_; }
+  Index in_features() const { return k_; }
+  /// The packed weight's own shape, in PyTorch order ([out, in] or Conv1D's [in, out]).
+  const Shape& weight_shape() const { return weight_shape_; }
+  Precision precision() const { return precision_; }
+  /// The implementation that multiplies, e.g. "brg:avx512_core_amx" or "eigen".
+  const std::string& kernel() const { return kernel_; }
+  /// Bytes of the packed weight.
+  std::size_t bytes() const { return plain_ ? static_cast<std::size_t>(plain_->size()) * sizeof(float) : storage_.size(); }
+
+  /// Scratch bytes multiply() needs for M rows.
+  std::size_t scratch_bytes(Index M) const {
+    return static_cast<std::size_t>(M) * static_cast<std::size_t>(k_ + n_) * sizeof(float) + 128;
+  }
+
+  /// y[M, N] = x[M, K] · W (+ bias[N]); x and y row-major with row strides ldx, ldy;
+  /// y must not overlap x. `scratch` holds scratch_bytes(M), 64-byte aligned.
+  /// Runs on the calling thread only.
+  void multiply(const float* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
+    if (M == 0 || n_ == 0) return;
+    float* const x_copy = reinterpret_cast<float*>(scratch);
+    float* const y_dense = x_copy + M * k_;
+    // Operands the kernel can take: bf16 converted or bf16-rounded rows, or dense rows.
+    const bool round_operands = precision_ == Precision::bf16;
+    const void* a = x;
+    if (bf16_operands_) {
+      for (Index r = 0; r < M; ++r) to_bf16(x + r * ldx, k_, reinterpret_cast<bf16*>(x_copy) + r * k_);
+      a = x_copy;
+    } else if (round_operands || ldx != k_) {
+      for (Index r = 0; r < M; ++r) {
+        if (round_operands)
+          round_to_bf16(x + r * ldx, k_, x_copy + r * k_);
+        else
+          std::copy_n(x + r * ldx, k_, x_copy + r * k_);
+      }
+      a = x_copy;
+    }
+    float* out = ldy == n_ ? y : y_dense;
+    multiply_dense(a, M, bias, out);
+    if (out != y)
+      for (Index r = 0; r < M; ++r) std::copy_n(out + r * n_, n_, y + r * ldy);
+  }
+
+ private:
+  struct AlignedFree {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(64)); }
+  };
+  /// 64-byte aligned bytes, shared so that copies of a module share one packed weight.
+  class Storage {
+   public:
+    Storage() = default;
+    explicit Storage(std::size_t n)
+        : data_(static_cast<std::byte*>(::operator new[](n, std::align_val_t(64))), AlignedFree{}), size_(n) {}
+    std::byte* data() const { return data_.get(); }
+    std::size_t size() const { return size_; }
+
+   private:
+    std::shared_ptr<std::byte> data_;
+    std::size_t size_ = 0;
+  };
+
+  void multiply_dense(const void* a, Index M, const float* bias, float* y) const {
+#if defined(LDLM_HAVE_ONEDNN)
+    if (!plain_) {
+      namespace dd = detail::onednn;
+      dd::Matmul& mm = dd::packed_matmul(desc_, M, bias != nullptr);
+      dd::ProductArgs args;
+      args.add(DNNL_ARG_SRC, desc_.data_type(), M, k_, k_, 1, a);
+      args.add_packed(DNNL_ARG_WEIGHTS, desc_, storage_.data());
+      args.add(DNNL_ARG_DST, dd::memory::data_type::f32, M, n_, n_, 1, y);
+      if (bias) args.add(DNNL_ARG_BIAS, dd::memory::data_type::f32, 1, n_, n_, 1, bias);
+      args.execute(mm);
+      return;
+    }
+#endif
+    MatrixMap<float> out(y, M, n_);
+    if (bias)
+      out.rowwise() = ConstRowVectorMap<float>(bias, n_);
+    else
+      out.setZero();
+    out.noalias() += ConstMatrixMap<float>(static_cast<const float*>(a), M, k_) * *plain_;
+  }
+
+  Precision precision_ = Precision::fp32;
+  Shape weight_shape_;
+  Index n_ = 0, k_ = 0;
+  bool bf16_operands_ = false;
+  std::string kernel_;
+  std::shared_ptr<const Matrix<float>> plain_;  // [K, N]: the eigen backend
+  Storage storage_;                              // oneDNN's layout
+#if defined(LDLM_HAVE_ONEDNN)
+  detail::onednn::memory::desc desc_;
+#endif
+};
+
+/// The library behind the backend, e.g. "onednn (oneDNN 2.6.3, OpenMP runtime run serially per call)".
+inline std::string gemm_library() {
+#if defined(LDLM_HAVE_ONEDNN)
+  if (gemm_backend() == GemmBackend::onednn) {
+    const dnnl_version_t* v = dnnl_version();
+    const char* runtime = v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : v->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential" : "other";
+    return "onednn (oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+           std::to_string(v->patch) + ", " + runtime + " runtime, one thread per call under ldlm's pool)";
+  }
+#endif
+  return "eigen (Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
+         std::to_string(EIGEN_MINOR_VERSION) + ")";
+}
+
+/// What multiplies in this process, for `ldlm info` and the benchmarks.
+struct GemmPaths {
+  std::string backend;     // "onednn" or "eigen"
+  std::string fp32_linear;  // kernel of packed fp32 weights
+  std::string fp32_attention;
+  std::string bf16_linear;  // kernel of packed bf16 weights ("... (bf16-rounded fp32)" when emulated)
+  std::string bf16_attention;
+};
+
+inline GemmPaths gemm_paths() {
+  GemmPaths p;
+  p.backend = std::string(backend_name(gemm_backend()));
+  const Matrix<float> w = Matrix<float>::Zero(64, 64);
+  p.fp32_linear = PackedMatrix::pack(w, WeightLayout::out_in, Precision::fp32).kernel();
+  p.bf16_linear = PackedMatrix::pack(w, WeightLayout::out_in, Precision::bf16).kernel();
+  p.fp32_attention = p.bf16_attention = "eigen";
+#if defined(LDLM_HAVE_ONEDNN)
+  if (gemm_backend() == GemmBackend::onednn) {
+    namespace dd = detail::onednn;
+    p.fp32_attention = dd::runtime_matmul(dd::memory::data_type::f32, true, 0.0f).kernel;
+    p.bf16_attention = bf16_operands_native() ? dd::runtime_matmul(dd::memory::data_type::bf16, true, 0.0f).kernel
+                                              : p.fp32_attention;
+  }
+#endif
+  if (!bf16_operands_native()) {
+    p.bf16_linear += " (bf16-rounded operands)";
+    p.bf16_attention += " (bf16-rounded operands)";
+  }
+  return p;
+}
+
+}  // namespace ldlm

@@ -1,0 +1,411 @@
+// bf16 precision and the product backends (docs/model.md#precision, ops/gemm.hpp).
+//
+// References:
+// - conversions: the scalar round-to-nearest-even of core/precision.hpp, which is
+//   torch's `.to(torch.bfloat16)`;
+// - packed products and the attention kernel: the same operands (bf16-rounded in bf16
+//   mode) multiplied in double;
+// - modules, three dumps each (tools/reference/generate.py): fp32; `.bf16`, ldlm's bf16
+//   mode computed by the PyTorch reference (operands of every product rounded to bf16,
+//   fp32 elsewhere); `.autocast_bf16`, torch.autocast, whose metadata holds autocast's
+//   own error against fp32, max |autocast − fp32| / max |fp32|.
+//
+// Tolerances (|got − ref| <= atol + rtol·|ref| unless said otherwise):
+// - Conversions: bit for bit.
+// - Products: 1e-5 + 1e-5·|ref| with K up to 300: both sides multiply identical
+//   operands; only the fp32 summation order of ldlm's kernel remains.
+// - Attention in bf16 against double: 2e-4. q, k, v and the probabilities are rounded
+//   on both sides, but the probabilities are computed in fp32 by ldlm and in double by
+//   the reference, so a probability at a bf16 rounding boundary may round to the
+//   neighbouring value on one side: 2^-8 of one p·v term.
+// - Modules against `.bf16`: kBf16Module below, for the same reason at model scale:
+//   ldlm and PyTorch compute fp32 activations that differ in their last bits (sum
+//   order, exp/tanh implementations), and a few of them round to neighbouring bf16
+//   values before the next product. Each such flip moves one product term by 2^-8 of
+//   itself; deeper modules compound more of them. The bounds are about 3x the
+//   largest error seen (recorded as test properties), and 10-100x below the error of
+//   a LayerNorm computed in bf16 (the bug these tests exist to catch).
+// - Modules against fp32 and autocast: ldlm's error, max |ldlm − fp32| / max |fp32|,
+//   must not exceed autocast's own; against the autocast dump the bound is the sum of
+//   both errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ldlm/ldlm.hpp"
+#include "support/modules.hpp"
+#include "support/reference.hpp"
+
+namespace {
+
+using namespace ldlm;
+using ldlm::test::data_path;
+using ldlm::test::open_reference;
+using ldlm::test::read_tensor;
+using ldlm::test::Tolerance;
+using ::testing::HasSubstr;
+
+// ---------------------------------------------------------------------------
+// 1. bf16 values
+// ---------------------------------------------------------------------------
+
+TEST(Bf16Conversion, VectorPathEqualsScalarRoundingBitForBit) {
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f /* tie, even */, 1.01171875f /* tie, odd */,
+                          3.0e38f, -3.4e38f, std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::denorm_min(), 1.0e-39f, -2.5e-40f,
+                          std::numeric_limits<float>::max()};
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int i = 0; i < 4000; ++i) x.push_back(std::bit_cast<float>(bits(rng)));
+  std::vector<bf16> vec(x.size());
+  to_bf16(x.data(), static_cast<std::int64_t>(x.size()), vec.data());
+  std::vector<float> rounded(x.size());
+  round_to_bf16(x.data(), static_cast<std::int64_t>(x.size()), rounded.data());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(static_cast<std::uint16_t>(vec[i]), static_cast<std::uint16_t>(float_to_bf16(x[i])))
+        << "x = " << x[i] << " (bits " << std::hex << std::bit_cast<std::uint32_t>(x[i]) << ")";
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(rounded[i]), std::bit_cast<std::uint32_t>(round_to_bf16(x[i]))) << i;
+  }
+  // Round to nearest, ties to even; NaN stays NaN; subnormals are kept, not flushed.
+  EXPECT_EQ(static_cast<std::uint16_t>(float_to_bf16(1.00390625f)), 0x3f80);  // 1 + 2^-8 ties down to 1
+  EXPECT_EQ(static_cast<std::uint16_t>(float_to_bf16(1.01171875f)), 0x3f82);  // 1 + 3·2^-8 ties up
+  EXPECT_TRUE(std::isnan(round_to_bf16(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_NE(round_to_bf16(1.0e-39f), 0.0f);
+  EXPECT_EQ(static_cast<std::uint16_t>(float_to_bf16(3.4e38f)), 0x7f80);  // beyond bf16's max: infinity
+}
+
+TEST(Bf16Conversion, PrecisionNames) {
+  EXPECT_EQ(parse_precision("bf16"), Precision::bf16);
+  EXPECT_EQ(parse_precision("fp32"), Precision::fp32);
+  EXPECT_THAT(ldlm::test::error_of<InvalidArgument>([] { parse_precision("fp16", "--precision"); }),
+              HasSubstr("--precision: expected 'fp32' or 'bf16', got 'fp16'"));
+}
+
+// ---------------------------------------------------------------------------
+// 2. Packed products
+// ---------------------------------------------------------------------------
+
+/// y = x·Wᵀ + b in double, on operands rounded to bf16 when `bf16`.
+Eigen::MatrixXd reference_linear(const Matrix<float>& x, const Matrix<float>& w_out_in, const Vector<float>* bias,
+                                 bool bf16_operands) {
+  auto operand = [&](const Matrix<float>& m) {
+    Matrix<float> r = m;
+    if (bf16_operands) round_to_bf16(r.data(), r.size(), r.data());
+    return Eigen::MatrixXd(r.cast<double>());
+  };
+  Eigen::MatrixXd y = operand(x) * operand(w_out_in).transpose();
+  if (bias) y.rowwise() += bias->cast<double>().transpose();
+  return y;
+}
+
+struct ProductCase {
+  Index M, N, K;
+};
+
+class PackedProduct : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(PackedProduct, MatchesDoubleOnTheSameOperandsForEveryShapeLayoutAndStride) {
+  const Precision precision = GetParam();
+  const bool bf16_mode = precision == Precision::bf16;
+  // Row counts around the per-task minimum (16) and a tall one; odd N and K.
+  for (const ProductCase c : {ProductCase{1, 40, 24}, {3, 29, 70}, {16, 64, 64}, {37, 130, 300}, {300, 33, 17}}) {
+    SCOPED_TRACE(testing::Message() << "M " << c.M << ", N " << c.N << ", K " << c.K);
+    const Matrix<float> w = Matrix<float>::Random(c.N, c.K);  // [out, in]
+    const Vector<float> b = Vector<float>::Random(c.N);
+    const Matrix<float> big_x = Matrix<float>::Random(c.M + 2, c.K + 3);
+    const auto x = big_x.block(1, 2, c.M, c.K);  // strided rows
+    for (const WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
+      const Matrix<float> stored = layout == WeightLayout::out_in ? w : Matrix<float>(w.transpose());
+      const PackedMatrix packed = PackedMatrix::pack(stored, layout, precision);
+      EXPECT_EQ(packed.precision(), precision);
+      EXPECT_EQ(packed.weight_shape(), (Shape{stored.rows(), stored.cols()}));
+      for (const bool with_bias : {true, false}) {
+        for (const int threads : {1, 2}) {
+          Context ctx(threads);
+          Matrix<float> big_y = Matrix<float>::Constant(c.M + 1, c.N + 4, 7.0f);
+          auto y = big_y.block(1, 3, c.M, c.N);  // strided output
+          linear(ctx, x, packed, with_bias ? b.data() : nullptr, y);
+          const Eigen::MatrixXd want = reference_linear(x, w, with_bias ? &b : nullptr, bf16_mode);
+          const Eigen::ArrayXXd err = (big_y.block(1, 3, c.M, c.N).cast<double>() - want).array().abs();
+          EXPECT_TRUE((err <= 1e-5 + 1e-5 * want.array().abs()).all())
+              << "layout " << int(layout) << ", bias " << with_bias << ", threads " << threads
+              << ": max |error| " << err.maxCoeff();
+          Matrix<float> outside = big_y;
+          outside.block(1, 3, c.M, c.N).setConstant(7.0f);
+          EXPECT_TRUE((outside.array() == 7.0f).all()) << "wrote outside y";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(PackedProduct, Bf16DiffersFromFp32ByTheOperandRounding) {
+  // The mode is not vacuous: bf16 products are off from fp32 by about 2^-9 relative
+  // per operand, far beyond the 1e-5 that the fp32 products hold.
+  const Precision precision = GetParam();
+  const Matrix<float> w = Matrix<float>::Random(64, 96), x = Matrix<float>::Random(32, 96);
+  Context ctx;
+  Matrix<float> y(32, 64);
+  linear(ctx, x, PackedMatrix::pack(w, WeightLayout::out_in, precision), nullptr, y);
+  const double err = (y.cast<double>() - reference_linear(x, w, nullptr, false)).cwiseAbs().maxCoeff();
+  if (precision == Precision::bf16)
+    EXPECT_GT(err, 1e-3);
+  else
+    EXPECT_LT(err, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, PackedProduct, ::testing::Values(Precision::fp32, Precision::bf16),
+                         [](const auto& info) { return std::string(precision_name(info.param)); });
+
+TEST(PackedProduct, ShapeErrorsNameTheWeight) {
+  const PackedMatrix packed = PackedMatrix::pack(Matrix<float>::Zero(192, 64), WeightLayout::out_in, Precision::bf16);
+  Context ctx;
+  Matrix<float> x(5, 32), y(5, 192);
+  EXPECT_THAT(ldlm::test::error_of<ShapeError>([&] { linear(ctx, x, packed, nullptr, y); }),
+              HasSubstr("linear: x [5, 32], weight [192, 64], y [5, 192] do not fit"));
+}
+
+TEST(PackedWeights, Bf16HalvesTheResidentBytesWhereBf16KernelsRun) {
+  const Matrix<float> w = Matrix<float>::Random(768, 3072);
+  const auto fp32 = PackedMatrix::pack(w, WeightLayout::out_in, Precision::fp32);
+  const auto bf16 = PackedMatrix::pack(w, WeightLayout::out_in, Precision::bf16);
+  EXPECT_GE(fp32.bytes(), std::size_t(768) * 3072 * 4);
+  if (bf16_operands_native())
+    EXPECT_LE(bf16.bytes(), std::size_t(768) * 3072 * 2 + 4096) << bf16.kernel();
+  else  // bf16-rounded values on fp32 kernels
+    EXPECT_EQ(bf16.bytes(), fp32.bytes()) << bf16.kernel();
+}
+
+TEST(PackedWeights, PackingReleasesThePlainValuesWithAClearError) {
+  nn::Linear<float> layer(8, 4, true);
+  init_parameters(layer, 1, "layer.", Precision::bf16);
+  EXPECT_EQ(layer.precision(), Precision::bf16);
+  ASSERT_NE(layer.weight.packed(), nullptr);
+  EXPECT_THAT(ldlm::test::error_of<Error>([&] { (void)std::as_const(layer.weight).matrix(); }),
+              HasSubstr("packed for the matrix products and its plain values released"));
+  // Plain loading keeps them, and the layer then runs on the plain fp32 path.
+  nn::Linear<float> plain(8, 4, true);
+  init_parameters(plain, 1, "layer.", std::nullopt);
+  EXPECT_EQ(plain.weight.packed(), nullptr);
+  EXPECT_EQ(plain.precision(), Precision::fp32);
+  EXPECT_NO_THROW((void)std::as_const(plain.weight).matrix());
+}
+
+// ---------------------------------------------------------------------------
+// 3. The attention kernel in bf16
+// ---------------------------------------------------------------------------
+
+/// softmax(cap(q kᵀ/√hd)) v per head in double, with q, k, v rounded to bf16 and the
+/// normalised probabilities rounded to bf16 before the second product.
+Eigen::MatrixXd reference_bf16_attention(const Matrix<float>& q, const Matrix<float>& k, const Matrix<float>& v,
+                                         Index B, Index Tq, Index Tk, Index H, Index hd, double cap, bool causal) {
+  auto r = [](float f) { return static_cast<double>(round_to_bf16(f)); };
+  Eigen::MatrixXd out(B * Tq, H * hd);
+  for (Index b = 0; b < B; ++b)
+    for (Index h = 0; h < H; ++h)
+      for (Index i = 0; i < Tq; ++i) {
+        const Index keys = causal ? i + 1 : Tk;
+        Eigen::VectorXd s(keys);
+        for (Index j = 0; j < keys; ++j) {
+          double dot = 0;
+          for (Index e = 0; e < hd; ++e) dot += r(q(b * Tq + i, h * hd + e)) * r(k(b * Tk + j, h * hd + e));
+          dot /= std::sqrt(double(hd));
+          s(j) = cap > 0 ? cap * std::tanh(dot / cap) : dot;
+        }
+        const Eigen::VectorXd p = (s.array() - s.maxCoeff()).exp();
+        const Eigen::VectorXd prob = p / p.sum();
+        for (Index e = 0; e < hd; ++e) {
+          double acc = 0;
+          for (Index j = 0; j < keys; ++j) acc += r(static_cast<float>(prob(j))) * r(v(b * Tk + j, h * hd + e));
+          out(b * Tq + i, h * hd + e) = acc;
+        }
+      }
+  return out;
+}
+
+TEST(Bf16Attention, KernelMatchesDoubleOnBf16OperandsBeyondOneTile) {
+  struct Case {
+    Index B, Tq, Tk, H, hd;
+    double cap;
+    bool causal;
+  };
+  for (const Case c : {Case{2, 300, 300, 2, 16, 5.0, false}, {1, 257, 257, 2, 16, 0.0, true}, {2, 20, 57, 4, 16, 5.0, false}}) {
+    SCOPED_TRACE(testing::Message() << "Tq " << c.Tq << ", Tk " << c.Tk << (c.causal ? ", causal" : ""));
+    const Index d = c.H * c.hd;
+    const Matrix<float> q = Matrix<float>::Random(c.B * c.Tq, d) * 3, k = Matrix<float>::Random(c.B * c.Tk, d) * 3,
+                        v = Matrix<float>::Random(c.B * c.Tk, d);
+    const Eigen::MatrixXd want = reference_bf16_attention(q, k, v, c.B, c.Tq, c.Tk, c.H, c.hd, c.cap, c.causal);
+    for (const int threads : {1, 2}) {
+      Context ctx(threads);
+      Matrix<float> out(c.B * c.Tq, d);
+      attention<float>(ctx, {q.data(), d}, {k.data(), d}, {v.data(), d}, out.data(), d, {c.B, c.Tq, c.Tk, c.H, c.hd},
+                       {c.cap, c.causal, Precision::bf16});
+      const double err = (out.cast<double>() - want).cwiseAbs().maxCoeff();
+      EXPECT_LT(err, 2e-4) << threads << " thread(s)";
+      // And the fp32 kernel on the same inputs is measurably different (the mode is live).
+      Matrix<float> fp32(c.B * c.Tq, d);
+      attention<float>(ctx, {q.data(), d}, {k.data(), d}, {v.data(), d}, fp32.data(), d, {c.B, c.Tq, c.Tk, c.H, c.hd},
+                       {c.cap, c.causal, Precision::fp32});
+      EXPECT_GT((fp32 - out).cwiseAbs().maxCoeff(), 1e-3);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 4. Modules in bf16 against the three references
+// ---------------------------------------------------------------------------
+
+/// See the header: about 3x the largest error observed at each depth.
+constexpr Tolerance kBf16Module{3e-3, 3e-3};
+constexpr Tolerance kBf16Chain{2.5e-2, 2.5e-2};
+constexpr Tolerance kBf16Deep{4e-2, 4e-2};
+
+double max_abs(const Tensor3<float>& t) {
+  double m = 0;
+  for (Index i = 0; i < t.size(); ++i) m = std::max(m, std::abs(double(t.data()[i])));
+  return m;
+}
+
+double max_abs_error(const Tensor3<float>& a, const Tensor3<float>& b) {
+  double err = 0;
+  for (Index i = 0; i < a.size(); ++i) err = std::max(err, std::abs(double(a.data()[i]) - b.data()[i]));
+  return err;
+}
+
+struct Bf16Case {
+  const char* model_dir;  // under tests/data
+  const char* module;
+  Tolerance tolerance;    // against the `.bf16` dump
+};
+
+std::string case_name(const ::testing::TestParamInfo<Bf16Case>& info) {
+  return std::string(info.param.model_dir) + "_" + info.param.module;
+}
+
+/// One bf16 model per reference directory, each module built the first time a test
+/// needs it: model_small loads its committed weights, model_base generates them from
+/// the inputs' init_seed (nothing committed at the real width).
+class Bf16Model : public ::testing::TestWithParam<Bf16Case> {
+ protected:
+  static void TearDownTestSuite() { models_.clear(); }
+
+  static const LDLM<float>& model(const std::string& dir, const std::string& module, const SafetensorsFile& inputs) {
+    auto& entry = models_[dir];
+    if (!entry.model) entry.model = std::make_unique<LDLM<float>>(Config::load(data_path(dir + "/config.json")));
+    for (const std::string& name : ldlm::test::modules_run_by(module)) {
+      if (!entry.ready.insert(name).second) continue;
+      with_module(*entry.model, name, [&](auto& m) {
+        if (dir == "model_small") {
+          LoadOptions options = LoadOptions::scoped(name + ".");
+          options.pack = Precision::bf16;
+          load_parameters(m, open_reference(dir + "/weights.safetensors"), name + ".", options);
+        } else {
+          init_parameters(m, std::stoull(inputs.metadata().at("init_seed")), name + ".", Precision::bf16);
+        }
+      });
+    }
+    return *entry.model;
+  }
+
+ private:
+  struct Entry {
+    std::unique_ptr<LDLM<float>> model;
+    std::set<std::string> ready;
+  };
+  static inline std::map<std::string, Entry> models_;
+};
+
+double rms_error(const Tensor3<float>& got, const Tensor3<float>& ref) {
+  double err = 0, norm = 0;
+  for (Index i = 0; i < ref.size(); ++i) {
+    const double r = ref.data()[i];
+    err += (got.data()[i] - r) * (got.data()[i] - r);
+    norm += r * r;
+  }
+  return std::sqrt(err / norm);
+}
+
+TEST_P(Bf16Model, MatchesTheBf16ReferenceAndIsCloserToFp32ThanAutocast) {
+  const Bf16Case& c = GetParam();
+  const std::string dir = c.model_dir, module = c.module;
+  const auto in = open_reference(dir + "/" + module + ".inputs.safetensors");
+  const auto fp32 = open_reference(dir + "/" + module + ".outputs.safetensors");
+  const auto exact = open_reference(dir + "/" + module + ".outputs.bf16.safetensors");
+  const auto autocast = open_reference(dir + "/" + module + ".outputs.autocast_bf16.safetensors");
+  Context ctx(2);
+  for (const auto& [name, got] : ldlm::test::run_module(ctx, model(dir, module, in), module, in)) {
+    SCOPED_TRACE(name);
+    const auto want_exact = read_tensor<float, 3>(exact, name);
+    const auto want_fp32 = read_tensor<float, 3>(fp32, name);
+    const auto want_autocast = read_tensor<float, 3>(autocast, name);
+    double max_scaled = 0;
+    for (Index i = 0; i < got.size(); ++i)
+      max_scaled = std::max(max_scaled, std::abs(double(got.data()[i]) - want_exact.data()[i]) / (1 + std::abs(want_exact.data()[i])));
+    const double scale = max_abs(want_fp32);
+    const double ldlm_rms = rms_error(got, want_fp32), autocast_rms = rms_error(want_autocast, want_fp32);
+    const double ldlm_max = max_abs_error(got, want_fp32) / scale, autocast_max = max_abs_error(want_autocast, want_fp32) / scale;
+    std::ostringstream observed;
+    observed << std::setprecision(3) << "vs .bf16: max |error|/(1+|ref|) " << max_scaled << "; vs fp32: ldlm-bf16 rms " << ldlm_rms
+             << ", autocast rms " << autocast_rms << ", ldlm-bf16 max " << ldlm_max << ", autocast max " << autocast_max;
+    ::testing::Test::RecordProperty(name + ".bf16", observed.str());
+    std::printf("BF16 %s/%s %s: %s\n", dir.c_str(), module.c_str(), name.c_str(), observed.str().c_str());
+    EXPECT_TRUE(ldlm::test::matches_reference(got, exact, name, c.tolerance));
+    EXPECT_LE(ldlm_rms, autocast_rms) << observed.str();
+    EXPECT_GT(ldlm_rms, 0.0) << "bf16 output equals fp32: the mode did not run";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dumps, Bf16Model,
+    ::testing::Values(Bf16Case{"model_small", "feature_model", kBf16Module}, Bf16Case{"model_small", "encoder", kBf16Module},
+                      Bf16Case{"model_small", "latent_decoder", kBf16Module}, Bf16Case{"model_small", "token_decoder", kBf16Module},
+                      Bf16Case{"model_small", "denoiser", kBf16Module}, Bf16Case{"model_small", "reconstruct", kBf16Chain},
+                      Bf16Case{"model_base", "feature_model", kBf16Deep}, Bf16Case{"model_base", "encoder", kBf16Deep},
+                      Bf16Case{"model_base", "latent_decoder", kBf16Deep}, Bf16Case{"model_base", "token_decoder", kBf16Deep},
+                      Bf16Case{"model_base", "denoiser", kBf16Deep}, Bf16Case{"model_base", "reconstruct", kBf16Deep}),
+    case_name);
+
+// ---------------------------------------------------------------------------
+// 5. Dispatch: what runs, and the test-only switches
+// ---------------------------------------------------------------------------
+
+TEST(Dispatch, ReportsTheCpuAndTheKernelOfEveryPath) {
+  const CpuFeatures& cpu = cpu_features();
+  const GemmPaths paths = gemm_paths();
+  ::testing::Test::RecordProperty("cpu", cpu.brand + " [" + cpu.summary() + "]");
+  ::testing::Test::RecordProperty("fp32_linear", paths.fp32_linear);
+  ::testing::Test::RecordProperty("bf16_linear", paths.bf16_linear);
+  ::testing::Test::RecordProperty("fp32_attention", paths.fp32_attention);
+  ::testing::Test::RecordProperty("bf16_attention", paths.bf16_attention);
+  EXPECT_EQ(paths.backend, backend_name(gemm_backend()));
+  for (const std::string* kernel : {&paths.fp32_linear, &paths.bf16_linear, &paths.fp32_attention, &paths.bf16_attention}) {
+    EXPECT_FALSE(kernel->empty());
+    EXPECT_FALSE(kernel->starts_with("ref")) << *kernel << ": a reference loop, not a kernel";
+  }
+  // A CPU with AVX-512 or AVX2 never lands on a generic kernel.
+  if (gemm_backend() == GemmBackend::onednn && cpu.avx2) {
+    EXPECT_THAT(paths.fp32_linear, ::testing::Not(HasSubstr("sse")));
+  }
+  // The CTest runs that force a path say what they expect (tests/CMakeLists.txt).
+  if (const char* expected = std::getenv("LDLM_EXPECT_BACKEND")) {
+    EXPECT_EQ(paths.backend, expected);
+  }
+  if (const char* expected = std::getenv("LDLM_EXPECT_BF16_NATIVE")) {
+    EXPECT_EQ(bf16_operands_native(), std::string(expected) == "1") << paths.bf16_linear;
+  }
+}
+
+}  // namespace
