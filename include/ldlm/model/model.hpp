@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ldlm/model/denoiser.hpp"
@@ -39,6 +40,18 @@ class LDLM {
     denoiser.visit(prefix + "denoiser.", f);
   }
 };
+
+/// Calls f(module) with the module of `model` named `name` ("encoder", ...).
+template <class S, class F>
+void with_module(LDLM<S>& model, std::string_view name, F&& f) {
+  if (name == "feature_model") return f(model.feature_model);
+  if (name == "encoder") return f(model.encoder);
+  if (name == "latent_decoder") return f(model.latent_decoder);
+  if (name == "token_decoder") return f(model.token_decoder);
+  if (name == "denoiser") return f(model.denoiser);
+  throw InvalidArgument("ldlm: unknown module '" + std::string(name) +
+                        "' (expected feature_model, encoder, latent_decoder, token_decoder or denoiser)");
+}
 
 /// One row of the parameter table: a module and its trained/frozen counts.
 struct ModuleParameters {
