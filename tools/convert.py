@@ -82,10 +82,23 @@ def full_config(d: dict, origin: str) -> dict:
     return out
 
 
+def _unique_keys(pairs):
+    keys = [k for k, _ in pairs]
+    for k in keys:
+        if keys.count(k) > 1:
+            raise ValueError(f"duplicate key {k!r}")
+    return dict(pairs)
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_config_text(text: str, origin: str) -> dict:
+    """As strict as ldlm's Config::parse: no repeated key, no NaN or Infinity."""
     try:
-        d = json.loads(text)
-    except ValueError as e:
+        d = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
         raise ConvertError(f"{origin}: not valid JSON: {e}") from None
     return full_config(d, origin)
 
@@ -104,13 +117,13 @@ def resolve_config(given_path: str | None, stored_text: str | None, in_path: str
     stored = None
     if stored_text is not None:
         stored = parse_config_text(stored_text, f"{in_path}: __metadata__ '{CONFIG_KEY}'")
-    if given and stored and given != stored:
+    if given is not None and stored is not None and given != stored:
         diff = [f"{k} (given {json.dumps(given[k])}, file {json.dumps(stored[k])})" for k in given if given[k] != stored[k]]
         raise ConvertError(f"{in_path}: --config {given_path} differs from the file's own (__metadata__ "
                            f"'{CONFIG_KEY}') in {len(diff)} key(s): " + ", ".join(diff))
-    if given:
+    if given is not None:
         return given, f"--config {given_path}"
-    if stored:
+    if stored is not None:
         return stored, f"the input's __metadata__ '{CONFIG_KEY}'"
     return full_config({}, "ldlm-base"), "ldlm-base (no --config given and the input carries none)"
 
