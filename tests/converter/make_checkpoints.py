@@ -21,6 +21,9 @@ writes:
   weights_with_buffers.safetensors
                            model_small's weights plus the buffers and no ldlm.config:
                            not converted, for the ldlm commands themselves
+  generated_feature_model.safetensors
+                           model_small's weights without feature_model.*, whose values
+                           are the generator's with seed 1 (ldlm.feature_model_init_seed)
 """
 from __future__ import annotations
 
@@ -150,6 +153,9 @@ def write_all(out: str) -> None:
     weights.update(gpt2_buffers(cfg, "feature_model."))
     weights.update({"h.0.attn.bias": gpt2_buffers(cfg, "")["h.0.attn.bias"]})  # bare GPT-2 name
     write_safetensors(os.path.join(out, "weights_with_buffers.safetensors"), weights)
+    trained = {k: v for k, v in weights.items() if not k.startswith("feature_model.") and not k.startswith("h.")}
+    write_safetensors(os.path.join(out, "generated_feature_model.safetensors"), trained,
+                      {"ldlm.feature_model_init_seed": "1"})
 
     with open(os.path.join(out, "mismatch.json"), "w") as f:  # model_small at twice the width
         json.dump({**cfg.to_dict(), "d_model": 128, "n_heads": 8, "softcap": 30.0}, f)
