@@ -40,11 +40,19 @@
 
 #include "ldlm/io/checkpoint.hpp"
 #include "ldlm/ldlm.hpp"
+#include "support/files.hpp"
 #include "support/reference.hpp"
 
 namespace {
 
+using ldlm::test::bytes_of;
 using ldlm::test::error_of;
+using ldlm::test::find_tensor;
+using ldlm::test::RawTensor;
+using ldlm::test::raw_tensors;
+using ldlm::test::TempDir;
+using ldlm::test::values_of;
+using ldlm::test::write_tensors;
 
 using namespace ldlm;
 using ldlm::test::data_path;
@@ -66,20 +74,6 @@ constexpr Tolerance kBaseChain{5e-5, 5e-5};
 // Helpers
 // ---------------------------------------------------------------------------
 
-
-class TempDir {
- public:
-  TempDir()
-      : path_(fs::temp_directory_path() / ("ldlm_model_" + std::to_string(::getpid()) + "_" + std::to_string(n_++))) {
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& f) const { return (path_ / f).string(); }
-
- private:
-  static inline int n_ = 0;
-  fs::path path_;
-};
 
 /// Compares with the reference and records the observed error as a test property
 /// (visible with --gtest_output=xml), which is how the tolerances above were chosen.
@@ -115,48 +109,6 @@ const LDLM<S>& small_model() {
     return m;
   }();
   return model;
-}
-
-// Editing copies of a checkpoint, tensor by tensor.
-struct RawTensor {
-  std::string name;
-  DType dtype;
-  Shape shape;
-  std::vector<std::byte> bytes;
-};
-
-std::vector<RawTensor> raw_tensors(const SafetensorsFile& file) {
-  std::vector<RawTensor> out;
-  for (const TensorInfo& t : file.tensors()) {
-    const auto b = file.bytes(t.name);
-    out.push_back({t.name, t.dtype, t.shape, {b.begin(), b.end()}});
-  }
-  return out;
-}
-
-void write_tensors(const std::vector<RawTensor>& tensors, const std::string& path) {
-  SafetensorsWriter w;
-  for (const auto& t : tensors) w.add(t.name, t.dtype, t.shape, t.bytes);
-  w.write(path);
-}
-
-RawTensor& find_tensor(std::vector<RawTensor>& tensors, const std::string& name) {
-  for (auto& t : tensors)
-    if (t.name == name) return t;
-  throw std::runtime_error("test: no tensor " + name);
-}
-
-template <class T>
-std::vector<T> values_of(const RawTensor& t) {
-  std::vector<T> v(t.bytes.size() / sizeof(T));
-  std::memcpy(v.data(), t.bytes.data(), t.bytes.size());
-  return v;
-}
-
-template <class T>
-std::vector<std::byte> bytes_of(const std::vector<T>& v) {
-  const auto s = std::as_bytes(std::span<const T>(v));
-  return {s.begin(), s.end()};
 }
 
 /// float -> IEEE binary16, round to nearest even (overflow to inf, subnormals kept).

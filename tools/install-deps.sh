@@ -2,8 +2,9 @@
 # Installs the Debian 12 packages ldlm needs, skipping those already installed.
 #
 #   bash tools/install-deps.sh            build + tests + tool + benchmarks
-#   bash tools/install-deps.sh --python   also PyTorch/NumPy/Matplotlib, only needed
-#                                         to regenerate tests/data or compare benchmarks
+#   bash tools/install-deps.sh --python   also PyTorch/NumPy/Matplotlib: for tools/convert.py
+#                                         and its tests, to regenerate tests/data, or to
+#                                         compare benchmarks
 #
 # Runs apt-get update once, and only when something is missing. Uses sudo when
 # not run as root. Works non-interactively (CI).

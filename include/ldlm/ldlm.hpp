@@ -5,7 +5,7 @@
 //   ops/      primitive free functions (GEMM backends and packed weights, norms,
 //             activations, rotary, attention)
 //   nn/       modules owning named parameters (Linear, norms, FFNs, attention)
-//   model/    the configuration and the five LDLM modules
+//   model/    the configuration, the five LDLM modules, self-describing checkpoints
 //   sampling/ the diffusion schedule, the sampler and the end-to-end pipeline
 //   io/       safetensors reading/writing and checkpoint loading
 #pragma once
@@ -17,6 +17,7 @@
 #include "ldlm/core/parameter.hpp"
 #include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
+#include "ldlm/model/checkpoint.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/model/model.hpp"
 #include "ldlm/sampling/pipeline.hpp"

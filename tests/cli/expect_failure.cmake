@@ -2,8 +2,11 @@
 # message: stderr must be one "ldlm: error: ..." report (no crash, no stack trace)
 # matching EXPECT_STDERR; EXPECT_STDOUT, if given, must match stdout.
 #   cmake -DLDLM=<exe> "-DARGS=a|b|c" -DEXPECT_CODE=<n> [-DEXPECT_STDERR=<regex>] [-DEXPECT_STDOUT=<regex>]
-#         -P expect_failure.cmake
+#         [-DERROR_PREFIX=<regex>] [-DEXPECT_ABSENT=<path>] -P expect_failure.cmake
 # ARGS separates the arguments with '|' (a ';' would be split by add_test).
+# Other tools use it too: ERROR_PREFIX replaces "ldlm: error: " (e.g. "convert: error: "
+# for tools/convert.py), and a Python traceback counts as a crash. EXPECT_ABSENT names a
+# file the command must not have created.
 foreach(var LDLM EXPECT_CODE)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "expect_failure.cmake: -D${var}=... is required")
@@ -18,16 +21,22 @@ set(report "ldlm ${arguments}\nexit: ${rc}\nstdout:\n${out}\nstderr:\n${err}")
 if(NOT "${rc}" STREQUAL "${EXPECT_CODE}")
   message(FATAL_ERROR "expected exit status ${EXPECT_CODE}\n${report}")
 endif()
-if(err MATCHES "terminate called|Aborted|Segmentation|AddressSanitizer|runtime error")
+if(err MATCHES "terminate called|Aborted|Segmentation|AddressSanitizer|runtime error|Traceback \\(most recent call last\\)")
   message(FATAL_ERROR "ldlm crashed instead of reporting an error\n${report}")
 endif()
+if(NOT DEFINED ERROR_PREFIX)
+  set(ERROR_PREFIX "ldlm: error: ")
+endif()
 if(DEFINED EXPECT_STDERR)
-  if(NOT err MATCHES "^ldlm: error: ")
-    message(FATAL_ERROR "stderr does not start with 'ldlm: error: '\n${report}")
+  if(NOT err MATCHES "^${ERROR_PREFIX}")
+    message(FATAL_ERROR "stderr does not start with '${ERROR_PREFIX}'\n${report}")
   endif()
   if(NOT err MATCHES "${EXPECT_STDERR}")
     message(FATAL_ERROR "stderr does not match '${EXPECT_STDERR}'\n${report}")
   endif()
+endif()
+if(DEFINED EXPECT_ABSENT AND EXISTS "${EXPECT_ABSENT}")
+  message(FATAL_ERROR "the command created ${EXPECT_ABSENT}\n${report}")
 endif()
 if(DEFINED EXPECT_STDOUT AND NOT out MATCHES "${EXPECT_STDOUT}")
   message(FATAL_ERROR "stdout does not match '${EXPECT_STDOUT}'\n${report}")

@@ -1,12 +1,14 @@
-// libFuzzer target for the safetensors reader: validation of hostile headers and
-// reading every tensor of whatever passes. Only ldlm::Error may escape the
-// library; anything else (a crash, a sanitizer report, std::bad_alloc, a
-// nlohmann exception leaking through) is a bug.
+// libFuzzer target for the safetensors reader: validation of hostile headers,
+// reading every tensor of whatever passes, and the checkpoint metadata ldlm reads
+// from `__metadata__` (ldlm.config, ldlm.feature_model_init_seed). Only ldlm::Error
+// may escape the library; anything else (a crash, a sanitizer report,
+// std::bad_alloc, a nlohmann exception leaking through) is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "ldlm/io/safetensors.hpp"
+#include "ldlm/model/checkpoint.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto* p = reinterpret_cast<const std::byte*>(data);
@@ -17,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (static_cast<std::int64_t>(values.size()) != t.numel()) __builtin_trap();
       if (file.bytes(t.name).size() != t.size) __builtin_trap();
     }
-    (void)file.metadata();
+    (void)ldlm::read_config(file);
+    (void)ldlm::read_feature_model_init_seed(file);
   } catch (const ldlm::Error&) {
     // Rejected input: expected.
   }

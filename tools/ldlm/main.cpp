@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -31,7 +32,8 @@ namespace {
 /// model_base reference dumps).
 constexpr std::uint64_t kDefaultInitSeed = 7;
 
-const Option kConfigOption{"config", "C.json", "model configuration (JSON, spec section 6); default: ldlm-base"};
+const Option kConfigOption{"config", "C.json",
+                           "model configuration (JSON); default: the weights file's own, else ldlm-base"};
 const Option kThreadsOption{"threads", "N", "threads of the execution context (default: all cores)"};
 const Option kWeightsOption{"weights", "W.safetensors", "parameters under their full state-dict names"};
 const Option kPrecisionOption{"precision", "fp32|bf16",
@@ -41,9 +43,19 @@ const Option kInitSeedOption{
     "init-seed", "S",
     "without --weights: seed of the generator weights (default " + std::to_string(kDefaultInitSeed) + ")"};
 
-Config load_config(const Args& args) {
-  if (auto path = args.value("config")) return Config::load(*path);
-  return Config{};
+/// The model configuration: the weights file's own (which --config, if given, must
+/// equal), else --config, else ldlm-base.
+Config load_config(const Args& args, const std::optional<SafetensorsFile>& weights) {
+  std::optional<Config> given;
+  if (auto path = args.value("config")) given = Config::load(*path);
+  if (weights) return resolve_config(*weights, given);
+  return given.value_or(Config{});
+}
+
+/// The file of --weights, if given.
+std::optional<SafetensorsFile> open_weights(const Args& args) {
+  if (auto path = args.value("weights")) return SafetensorsFile::open(*path);
+  return std::nullopt;
 }
 
 int thread_count(const Args& args) {
@@ -52,22 +64,6 @@ int thread_count(const Args& args) {
 }
 
 Precision precision_of(const Args& args) { return parse_precision(args.get("precision", "fp32"), "option '--precision'"); }
-
-/// Loads one module from a full-model file, packed for `precision`; tensors of other
-/// modules are ignored.
-template <class M>
-void load_module(M& module, const SafetensorsFile& file, const std::string& name, Precision precision) {
-  LoadOptions options = LoadOptions::scoped(name + ".");
-  options.pack = precision;
-  load_parameters(module, file, name + ".", options);
-}
-
-/// Initialises one module with the deterministic generator under its full names,
-/// so the values equal those of init_parameters on the whole LDLM, packed for `precision`.
-template <class M>
-void init_module(M& module, std::uint64_t seed, const std::string& name, Precision precision) {
-  init_parameters(module, seed, name + ".", precision);
-}
 
 /// Runs a() and b(), on two threads when `parallel`: initialising or loading ldlm-base
 /// is dominated by first-touch page faults and generator arithmetic, which split
@@ -95,6 +91,25 @@ void run_pair(bool parallel, A&& a, B&& b) {
   }
   worker.join();
   if (error) std::rethrow_exception(error);
+}
+
+/// Fills the named modules of `model`: from --weights (a generated feature model is
+/// regenerated from the seed in the file), or else with the deterministic generator
+/// under their full names (--init-seed), so the values equal those of
+/// init_parameters on the whole LDLM. Two groups, on two threads when `parallel`.
+void fill_modules(LDLM<float>& model, const Args& args, const std::optional<SafetensorsFile>& weights,
+                  const std::vector<std::string>& first, const std::vector<std::string>& second, bool parallel,
+                  Precision precision) {
+  const std::uint64_t seed = args.get_uint("init-seed", kDefaultInitSeed);
+  auto fill = [&](const std::vector<std::string>& names) {
+    for (const auto& name : names) {
+      if (weights)
+        load_module(model, *weights, name, precision);
+      else
+        with_module(model, name, [&](auto& module) { init_parameters(module, seed, name + ".", precision); });
+    }
+  };
+  run_pair(parallel, [&] { fill(first); }, [&] { fill(second); });
 }
 
 void print_tokens(std::ostream& out, const TokenTensor& tokens) {
@@ -191,12 +206,13 @@ const Command kParams{"params",
                       "",
                       "Print the trained and frozen parameter counts of every module, then the totals\n"
                       "(nothing is allocated).",
-                      {kConfigOption},
+                      {kConfigOption, {"weights", "W.safetensors", "count the model whose configuration this file stores"}},
                       ""};
 
 int run_params(const Args& args) {
   args.expect_positionals(0, 0);
-  const LDLM<float> model(load_config(args));
+  const auto weights = open_weights(args);
+  const LDLM<float> model(load_config(args, weights));
   const auto table = parameter_table(model);
   ParameterCounts total;
   std::printf("%-26s %14s %14s\n", "module", "trained", "frozen");
@@ -234,7 +250,11 @@ const Command kForward{"forward",
                        "  denoiser        x_t [B,T,d], t [B], self_cond [B,T,d] -> x0 [B,T,d]\n"
                        "  reconstruct     tokens [B,T]                         -> features, latents, hidden, logits\n"
                        "\nWeights carry full prefixed names (e.g. denoiser.blocks.0.norm1.weight); only the\n"
-                       "modules that run are loaded, tensors of other modules in the file are ignored.\n"};
+                       "modules that run are loaded, tensors of other modules in the file are ignored, and\n"
+                       "so are GPT-2's attention buffers (h.<i>.attn.bias, h.<i>.attn.masked_bias). The\n"
+                       "configuration comes from the file's __metadata__ 'ldlm.config' (tools/convert.py\n"
+                       "writes it); --config is needed only for files without one, and must match otherwise.\n"
+                       "The output file carries the configuration too.\n"};
 
 int run_forward(const Args& args) {
   args.expect_positionals(1, 1);
@@ -246,27 +266,28 @@ int run_forward(const Args& args) {
   const std::string weights_path = args.required("weights");
   const std::string inputs_path = args.required("inputs");
   const std::string output_path = args.required("output");
-  const Config config = load_config(args);
+  const std::optional<SafetensorsFile> weights = SafetensorsFile::open(weights_path);
+  const Config config = load_config(args, weights);
   const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
 
   const Inputs inputs(inputs_path, module);
-  const auto weights = SafetensorsFile::open(weights_path);
   LDLM<float> model(config);
   SafetensorsWriter out;
   out.set_metadata("module", module);
+  out.set_metadata(std::string(kConfigMetadataKey), config.to_json().dump());
   const Index d = config.d_model;
   // The modules that map one [B, T, d] activation to one output.
   const auto run_one_input = [&](auto& part, const char* input, const char* output) {
     const auto x = inputs.activation(input, d);
-    load_module(part, weights, module, precision);
+    load_module(model, *weights, module, precision);
     const auto y = part.forward(ctx, x);
     out.add(output, shape3(y), y.data());
   };
 
   if (module == "feature_model") {
     const TokenTensor tokens = inputs.tokens("tokens");
-    load_module(model.feature_model, weights, "feature_model", precision);
+    load_module(model, *weights, "feature_model", precision);
     const auto features = model.feature_model.forward(ctx, tokens);
     out.add("features", shape3(features), features.data());
   } else if (module == "encoder") {
@@ -279,15 +300,13 @@ int run_forward(const Args& args) {
     const auto x_t = inputs.activation("x_t", d);
     const auto t = inputs.vector("t", x_t.dimension(0));
     const auto self_cond = inputs.activation("self_cond", d);
-    load_module(model.denoiser, weights, "denoiser", precision);
+    load_module(model, *weights, "denoiser", precision);
     const auto x0 = model.denoiser.forward(ctx, x_t, t, self_cond);
     out.add("x0", shape3(x0), x0.data());
   } else {  // reconstruct
     const TokenTensor tokens = inputs.tokens("tokens");
-    load_module(model.feature_model, weights, "feature_model", precision);
-    load_module(model.encoder, weights, "encoder", precision);
-    load_module(model.latent_decoder, weights, "latent_decoder", precision);
-    load_module(model.token_decoder, weights, "token_decoder", precision);
+    for (const char* part : {"feature_model", "encoder", "latent_decoder", "token_decoder"})
+      load_module(model, *weights, part, precision);
     const auto r = Pipeline<float>(model).reconstruct(ctx, tokens);
     out.add("features", shape3(r.features), r.features.data());
     out.add("latents", shape3(r.latents), r.latents.data());
@@ -404,7 +423,8 @@ const Command kGenerate{"generate",
                         "token_decoder. They show the machinery working, not meaningful text. The default\n"
                         "(ldlm-base, 32 tokens, 16 steps) allocates about 1 GB and takes a few seconds on\n"
                         "2 cores; --config with a smaller model is faster. On a terminal a progress bar\n"
-                        "with steps/s is shown on stderr.\n"};
+                        "with steps/s is shown on stderr. With --weights the configuration comes from the\n"
+                        "file's __metadata__ 'ldlm.config' when it has one (see 'ldlm forward --help').\n"};
 
 /// Draws "sampling [#####.....] 8/16 steps  3.1 steps/s" on stderr.
 class ProgressBar {
@@ -431,7 +451,9 @@ class ProgressBar {
 
 int run_generate(const Args& args) {
   args.expect_positionals(0, 0);
-  const Config config = load_config(args);
+  if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
+  const auto weights = open_weights(args);
+  const Config config = load_config(args, weights);
   const Index T = args.get_int("length", 32, 1);
   const Index B = args.get_int("batch", 1, 1, 1 << 20);
   SamplerOptions options;
@@ -444,30 +466,13 @@ int run_generate(const Args& args) {
     options.kind = SamplerKind::ode;
   else
     args.fail("option '--sampler' must be 'sde' or 'ode', got '" + sampler + "'");
-  if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
   check_sampling_arguments("generate", config, B, T, options.steps);
   const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
   const bool parallel = ctx.threads() > 1;
 
   LDLM<float> model(config);
-  if (auto path = args.value("weights")) {
-    const auto weights = SafetensorsFile::open(*path);
-    run_pair(
-        parallel, [&] { load_module(model.denoiser, weights, "denoiser", precision); },
-        [&] {
-          load_module(model.latent_decoder, weights, "latent_decoder", precision);
-          load_module(model.token_decoder, weights, "token_decoder", precision);
-        });
-  } else {
-    const std::uint64_t seed = args.get_uint("init-seed", kDefaultInitSeed);
-    run_pair(
-        parallel, [&] { init_module(model.denoiser, seed, "denoiser", precision); },
-        [&] {
-          init_module(model.latent_decoder, seed, "latent_decoder", precision);
-          init_module(model.token_decoder, seed, "token_decoder", precision);
-        });
-  }
+  fill_modules(model, args, weights, {"denoiser"}, {"latent_decoder", "token_decoder"}, parallel, precision);
   if (isatty(STDERR_FILENO)) options.progress = ProgressBar();
 
   const TokenTensor tokens = Pipeline<float>(model).generate(ctx, B, T, options);
@@ -498,7 +503,9 @@ const Command kReconstruct{"reconstruct",
                             kPrecisionOption,
                             kThreadsOption},
                            "Exactly one of --tokens and --inputs. Without --weights the modules get generator\n"
-                           "weights (--init-seed), which exercise the pipeline but do not reconstruct.\n"};
+                           "weights (--init-seed), which exercise the pipeline but do not reconstruct. With\n"
+                           "--weights the configuration comes from the file's __metadata__ 'ldlm.config' when\n"
+                           "it has one (see 'ldlm forward --help').\n"};
 
 TokenTensor parse_tokens(const Args& args, const std::string& text) {
   std::vector<std::vector<std::int64_t>> rows(1);
@@ -539,38 +546,15 @@ int run_reconstruct(const Args& args) {
   args.expect_positionals(0, 0);
   if (args.has("tokens") == args.has("inputs")) args.fail("give exactly one of --tokens and --inputs");
   if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
-  const Config config = load_config(args);
+  const auto weights = open_weights(args);
+  const Config config = load_config(args, weights);
   const TokenTensor tokens = args.has("tokens") ? parse_tokens(args, *args.value("tokens"))
                                                 : Inputs(*args.value("inputs"), "reconstruct").tokens("tokens");
   const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
   const bool parallel = ctx.threads() > 1;
   LDLM<float> model(config);
-  if (auto path = args.value("weights")) {
-    const auto weights = SafetensorsFile::open(*path);
-    run_pair(
-        parallel,
-        [&] {
-          load_module(model.feature_model, weights, "feature_model", precision);
-          load_module(model.encoder, weights, "encoder", precision);
-        },
-        [&] {
-          load_module(model.latent_decoder, weights, "latent_decoder", precision);
-          load_module(model.token_decoder, weights, "token_decoder", precision);
-        });
-  } else {
-    const std::uint64_t seed = args.get_uint("init-seed", kDefaultInitSeed);
-    run_pair(
-        parallel,
-        [&] {
-          init_module(model.feature_model, seed, "feature_model", precision);
-          init_module(model.encoder, seed, "encoder", precision);
-        },
-        [&] {
-          init_module(model.latent_decoder, seed, "latent_decoder", precision);
-          init_module(model.token_decoder, seed, "token_decoder", precision);
-        });
-  }
+  fill_modules(model, args, weights, {"feature_model", "encoder"}, {"latent_decoder", "token_decoder"}, parallel, precision);
   print_tokens(std::cout, Pipeline<float>(model).reconstruct(ctx, tokens).tokens);
   return 0;
 }

@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import sys
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -23,48 +21,10 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ldlm_init  # noqa: E402
 import ldlm_torch as L  # noqa: E402
+from safetensors_io import write_safetensors  # noqa: E402
 
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
-
-# ----------------------------------------------------------------- safetensors I/O
-_DT = {torch.float32: ("F32", "<f4"), torch.int64: ("I64", "<i8"), torch.int32: ("I32", "<i4")}
-
-
-def write_safetensors(path, tensors: dict, metadata: dict | None = None):
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        code, npdt = _DT[t.dtype]
-        b = t.numpy().astype(npdt, copy=False).tobytes()
-        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    h = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((-len(h)) % 8)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop("__metadata__", {})
-    rev = {v[0]: v[1] for v in _DT.values()}
-    out = {}
-    for name, e in header.items():
-        a, b = e["data_offsets"]
-        out[name] = torch.from_numpy(np.frombuffer(data[a:b], dtype=rev[e["dtype"]]).reshape(e["shape"]).copy())
-    return out, meta
-
 
 # ------------------------------------------------------------------------ helpers
 def case_seed(name: str) -> int:

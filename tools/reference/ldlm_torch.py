@@ -12,6 +12,8 @@ Public API (imported by tools/reference/generate.py and benches):
   Denoiser, LDLM
   LDLM.forward_module(name, **inputs) -> dict of outputs (spec section 6 names)
   count_parameters(cfg) -> dict (analytic), module_counts(model) -> dict (actual)
+  state_dict_shapes(cfg) -> {name: shape} of LDLM(cfg), built on the meta device
+  SAMPLING_DEFAULTS: the sampling keys of ldlm's configuration, which shape no tensor
 """
 from __future__ import annotations
 
@@ -98,6 +100,11 @@ class Config:
 
 
 LDLM_BASE = Config()
+
+# ldlm's configuration also holds the sampling schedule (docs/model.md). It shapes no
+# tensor and this reference does not sample, so Config leaves it out; tools that write
+# ldlm configurations (tools/convert.py) carry these keys along.
+SAMPLING_DEFAULTS = {"schedule_d": 3.0, "t_min": 0.05, "beta_t_clip": 0.95}
 
 
 # ------------------------------------------------------------------ bf16 operands
@@ -694,6 +701,25 @@ EXPECTED_BASE = {
     "token_decoder_block": 9_438_720,
     "denoiser_block": 10_626_816,
 }
+
+
+class _OnMetaDevice(torch.overrides.TorchFunctionMode):
+    """While active, the tensor factories that module constructors call build on the
+    meta device: shapes without storage, so ldlm-base costs no 1.7 GB."""
+    FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.randn, torch.rand, torch.arange, torch.tensor}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in self.FACTORIES:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def state_dict_shapes(cfg: Config = LDLM_BASE) -> dict:
+    """{state-dict name: shape} of LDLM(cfg), without allocating any parameter."""
+    with _OnMetaDevice():
+        model = LDLM(cfg)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
 def check_base_counts(counts: dict) -> None:

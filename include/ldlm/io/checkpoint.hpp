@@ -1,13 +1,17 @@
 // Checkpoint loading and saving by state-dict name: every parameter a module's
 // visitor names is looked up in a safetensors file, so loading is name matching.
 // Strict by default: a missing, unexpected or mis-shaped tensor is an error that
-// names it.
+// names it. Generic over modules; the LDLM-aware layer (configuration in the file's
+// metadata, the generated feature model) is ldlm/model/checkpoint.hpp.
 #pragma once
 
+#include <algorithm>
+#include <cctype>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ldlm/core/parameter.hpp"
@@ -28,13 +32,33 @@ struct LoadOptions {
   std::string scope;
   /// A tensor in scope that no parameter claims is an error.
   bool reject_unexpected = true;
-  /// Names ending in one of these are buffers, not parameters, and are skipped.
-  std::vector<std::string> ignored_suffixes;
+  /// Exact names of tensors that are not parameters and are skipped (GPT-2's
+  /// attention buffers are always skipped, see is_gpt2_buffer).
+  std::vector<std::string> ignored_names;
   /// Each matrix-product weight is packed for this precision as soon as it is read
   /// (see nn::MatmulWeight), so a bf16 model never holds all its weights in fp32;
   /// std::nullopt keeps every parameter's plain values readable.
   std::optional<Precision> pack = Precision::fp32;
 };
+
+/// GPT-2's attention-mask buffers, which full GPT-2 state dicts carry but which are
+/// not parameters: exactly `h.<block>.attn.bias` and `h.<block>.attn.masked_bias`,
+/// bare, under `feature_model.` (LDLM) or under `transformer.` (Hugging Face).
+/// `h.0.attn.c_attn.bias` is a parameter and does not match.
+inline bool is_gpt2_buffer(std::string_view name) {
+  for (std::string_view owner : {"feature_model.", "transformer."})
+    if (name.starts_with(owner)) {
+      name.remove_prefix(owner.size());
+      break;
+    }
+  if (!name.starts_with("h.")) return false;
+  name.remove_prefix(2);
+  std::size_t digits = 0;
+  while (digits < name.size() && std::isdigit(static_cast<unsigned char>(name[digits]))) ++digits;
+  if (digits == 0 || (digits > 1 && name[0] == '0')) return false;  // a block index as PyTorch prints it
+  name.remove_prefix(digits);
+  return name == ".attn.bias" || name == ".attn.masked_bias";
+}
 
 namespace detail {
 inline std::string file_label(const SafetensorsFile& file) { return "checkpoint '" + file.path() + "'"; }
@@ -70,10 +94,10 @@ void load_parameters(M& module, const SafetensorsFile& file, const std::string& 
   std::vector<std::string> unexpected;
   if (options.reject_unexpected) {
     for (const TensorInfo& t : file.tensors()) {
-      if (!t.name.starts_with(options.scope) || claimed.count(t.name)) continue;
-      bool ignored = false;
-      for (const auto& suffix : options.ignored_suffixes) ignored = ignored || t.name.ends_with(suffix);
-      if (!ignored) unexpected.push_back(t.name + " " + shape_string(t.shape));
+      if (!t.name.starts_with(options.scope) || claimed.count(t.name) || is_gpt2_buffer(t.name)) continue;
+      const auto& ignored = options.ignored_names;
+      if (std::find(ignored.begin(), ignored.end(), t.name) == ignored.end())
+        unexpected.push_back(t.name + " " + shape_string(t.shape));
     }
   }
   if (missing.empty() && unexpected.empty()) return;
@@ -102,7 +126,7 @@ template <class M>
 void load_hf_gpt2(M& feature_model, const SafetensorsFile& file) {
   const std::string prefix = file.contains("transformer.wte.weight") ? "transformer." : "";
   LoadOptions options;
-  options.ignored_suffixes = {".attn.bias", ".attn.masked_bias", "lm_head.weight"};
+  options.ignored_names = {"lm_head.weight"};
   load_parameters(feature_model, file, prefix, options);
 }
 

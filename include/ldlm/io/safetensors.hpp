@@ -39,7 +39,9 @@ namespace ldlm {
 
 static_assert(std::endian::native == std::endian::little, "ldlm's safetensors I/O assumes a little-endian host");
 
-enum class DType { F64, F32, F16, BF16, I64, I32 };
+// I16, I8, U8 and BOOL are read (checkpoints hold them: GPT-2's causal-mask buffer is
+// BOOL in recent Hugging Face files) so that loaders can skip or convert them.
+enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
 
 inline constexpr std::string_view dtype_name(DType d) {
   switch (d) {
@@ -49,6 +51,10 @@ inline constexpr std::string_view dtype_name(DType d) {
     case DType::BF16: return "BF16";
     case DType::I64: return "I64";
     case DType::I32: return "I32";
+    case DType::I16: return "I16";
+    case DType::I8: return "I8";
+    case DType::U8: return "U8";
+    case DType::BOOL: return "BOOL";
   }
   return "?";
 }
@@ -57,16 +63,21 @@ inline constexpr std::size_t dtype_size(DType d) {
   switch (d) {
     case DType::F64: case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: return 2;
+    case DType::F16: case DType::BF16: case DType::I16: return 2;
+    case DType::I8: case DType::U8: case DType::BOOL: return 1;
   }
   return 0;
 }
 
-inline constexpr bool dtype_is_integer(DType d) { return d == DType::I64 || d == DType::I32; }
+/// Integer-valued dtypes (BOOL reads as 0 and 1).
+inline constexpr bool dtype_is_integer(DType d) {
+  return d == DType::I64 || d == DType::I32 || d == DType::I16 || d == DType::I8 || d == DType::U8 || d == DType::BOOL;
+}
 
 namespace detail {
 inline std::optional<DType> dtype_from_name(std::string_view s) {
-  for (DType d : {DType::F64, DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32})
+  for (DType d : {DType::F64, DType::F32, DType::F16, DType::BF16, DType::I64, DType::I32, DType::I16, DType::I8,
+                  DType::U8, DType::BOOL})
     if (dtype_name(d) == s) return d;
   return std::nullopt;
 }
@@ -270,6 +281,10 @@ class SafetensorsFile {
         case DType::BF16: return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(bf16_to_float(v)); });
         case DType::I64: return each(std::int64_t{}, [](std::int64_t v) { return static_cast<T>(v); });
         case DType::I32: return each(std::int32_t{}, [](std::int32_t v) { return static_cast<T>(v); });
+        case DType::I16: return each(std::int16_t{}, [](std::int16_t v) { return static_cast<T>(v); });
+        case DType::I8: return each(std::int8_t{}, [](std::int8_t v) { return static_cast<T>(v); });
+        case DType::U8: return each(std::uint8_t{}, [](std::uint8_t v) { return static_cast<T>(v); });
+        case DType::BOOL: return each(std::uint8_t{}, [](std::uint8_t v) { return static_cast<T>(v != 0); });
       }
     } else {
       if (!dtype_is_integer(t.dtype))
@@ -280,8 +295,16 @@ class SafetensorsFile {
                (sizeof(T) == 4 ? "int32" : "int64"));
         return static_cast<T>(v);
       };
-      if (t.dtype == DType::I64) return each(std::int64_t{}, narrow);
-      return each(std::int32_t{}, narrow);
+      auto widen = [](auto v) { return static_cast<T>(v); };  // I16, I8 and U8 fit every target
+      switch (t.dtype) {
+        case DType::I64: return each(std::int64_t{}, narrow);
+        case DType::I32: return each(std::int32_t{}, narrow);
+        case DType::I16: return each(std::int16_t{}, widen);
+        case DType::I8: return each(std::int8_t{}, widen);
+        case DType::U8: return each(std::uint8_t{}, widen);
+        case DType::BOOL: return each(std::uint8_t{}, [](std::uint8_t v) { return static_cast<T>(v != 0); });
+        default: return;  // floating dtypes were refused above
+      }
     }
   }
 

@@ -1,0 +1,224 @@
+// Self-describing LDLM checkpoints: a safetensors file whose `__metadata__` carries
+// the model configuration, so loading needs no separate config file. Two metadata
+// keys (docs/checkpoints.md):
+//   ldlm.config                   Config::to_json(), the configuration of the weights;
+//   ldlm.feature_model_init_seed  a decimal seed: the file holds no feature_model.*
+//                                 tensors, the frozen GPT-2 is the generator's
+//                                 init_parameters(feature_model, seed, "feature_model.").
+// A configuration given by the caller must equal the file's own; a file without one
+// loads with the caller's configuration, or as ldlm-base.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "ldlm/core/init.hpp"
+#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/safetensors.hpp"
+#include "ldlm/model/config.hpp"
+#include "ldlm/model/model.hpp"
+
+namespace ldlm {
+
+/// `__metadata__` key of the configuration (JSON of Config::to_json()).
+inline constexpr std::string_view kConfigMetadataKey = "ldlm.config";
+/// `__metadata__` key of the feature model's generator seed (decimal).
+inline constexpr std::string_view kFeatureModelInitSeedKey = "ldlm.feature_model_init_seed";
+
+namespace detail {
+inline const std::string* metadata_value(const SafetensorsFile& file, std::string_view key) {
+  const auto it = file.metadata().find(std::string(key));
+  return it == file.metadata().end() ? nullptr : &it->second;
+}
+
+/// Messages quote at most this much of a hostile metadata value (or of a parser's
+/// error, which may echo it).
+inline std::string bounded(std::string text, std::size_t limit = 200) {
+  if (text.size() > limit) text = text.substr(0, limit) + "...";
+  return text;
+}
+}  // namespace detail
+
+/// The configuration stored in the file, or nullopt when it has none. A value that is
+/// not a valid configuration is a ConfigError naming the file and the key.
+inline std::optional<Config> read_config(const SafetensorsFile& file) {
+  const std::string* text = detail::metadata_value(file, kConfigMetadataKey);
+  if (!text) return std::nullopt;
+  try {
+    return Config::parse(*text, std::string(kConfigMetadataKey));
+  } catch (const ConfigError& e) {
+    throw ConfigError(detail::file_label(file) + ": __metadata__ '" + std::string(kConfigMetadataKey) +
+                      "' is not a valid configuration: " + detail::bounded(e.what()));
+  }
+}
+
+namespace detail {
+/// "key (a_label A, b_label B)" for every key in which the two configurations differ.
+inline std::vector<std::string> config_differences(const Config& a, const Config& b, const std::string& a_label,
+                                                   const std::string& b_label) {
+  const auto ja = a.to_json(), jb = b.to_json();
+  std::vector<std::string> out;
+  for (auto it = ja.begin(); it != ja.end(); ++it) {
+    const auto& other = jb[it.key()];
+    if (*it != other)
+      out.push_back(it.key() + " (" + a_label + " " + it->dump() + ", " + b_label + " " + other.dump() + ")");
+  }
+  return out;
+}
+}  // namespace detail
+
+/// The configuration to build the model from: the file's own, which `given` (if any)
+/// must equal; `given` for a file without one; ldlm-base when there is neither.
+/// A disagreement is a ConfigError listing every differing key with both values.
+inline Config resolve_config(const SafetensorsFile& file, const std::optional<Config>& given) {
+  const std::optional<Config> stored = read_config(file);
+  if (!stored) return given.value_or(Config{});
+  if (!given) return *stored;
+  const auto differences = detail::config_differences(*given, *stored, "given", "file");
+  if (differences.empty()) return *stored;
+  std::string msg = detail::file_label(file) + ": the configuration given differs from the file's own (__metadata__ '" +
+                    std::string(kConfigMetadataKey) + "') in " + std::to_string(differences.size()) + " key(s): ";
+  for (std::size_t i = 0; i < differences.size(); ++i) msg += (i ? ", " : "") + differences[i];
+  throw ConfigError(msg);
+}
+
+/// The seed of a generated feature model, or nullopt. Anything but a plain decimal
+/// that fits 64 bits is a CheckpointError naming the file and the key.
+inline std::optional<std::uint64_t> read_feature_model_init_seed(const SafetensorsFile& file) {
+  const std::string* text = detail::metadata_value(file, kFeatureModelInitSeedKey);
+  if (!text) return std::nullopt;
+  std::uint64_t seed = 0;
+  const char* end = text->data() + text->size();
+  const auto [stop, ec] = std::from_chars(text->data(), end, seed);  // no sign, no blanks, no "0x"
+  if (text->empty() || ec != std::errc() || stop != end)
+    throw CheckpointError(detail::file_label(file) + ": __metadata__ '" + std::string(kFeatureModelInitSeedKey) +
+                          "' must be a decimal integer in [0, 2^64), got '" + detail::bounded(*text, 64) + "'");
+  return seed;
+}
+
+namespace detail {
+inline const std::string kFeatureModelPrefix = "feature_model.";
+
+/// A generated feature model and stored feature_model.* parameters contradict each other.
+inline void require_no_feature_model_tensors(const SafetensorsFile& file) {
+  std::vector<std::string> stored;
+  for (const TensorInfo& t : file.tensors())
+    if (t.name.starts_with(kFeatureModelPrefix) && !is_gpt2_buffer(t.name)) stored.push_back("'" + t.name + "'");
+  if (stored.empty()) return;
+  throw CheckpointError(file_label(file) + ": __metadata__ '" + std::string(kFeatureModelInitSeedKey) +
+                        "' says the feature model is generated, yet the file holds " + std::to_string(stored.size()) +
+                        " feature_model tensor(s), e.g. " + stored.front());
+}
+
+/// A module seen through a filter on its parameter names.
+template <class M, class Keep>
+struct FilteredModule {
+  M& module;
+  Keep keep;
+  template <class F>
+  void visit(const std::string& prefix, F&& f) {
+    module.visit(prefix, [&](const std::string& name, auto& p) {
+      if (keep(name)) f(name, p);
+    });
+  }
+};
+}  // namespace detail
+
+
+/// Fills one module of `model` ("feature_model", "encoder", "latent_decoder",
+/// "token_decoder" or "denoiser") from a full-model file; the tensors of other
+/// modules are ignored. A generated feature model is regenerated from its seed.
+/// The caller builds `model` from resolve_config(file, ...). Matrix-product weights
+/// are packed for `pack` as they are read (see LoadOptions::pack).
+template <class S>
+void load_module(LDLM<S>& model, const SafetensorsFile& file, std::string_view name,
+                 std::optional<Precision> pack = Precision::fp32) {
+  const std::string prefix = std::string(name) + ".";
+  if (name == "feature_model") {
+    if (const auto seed = read_feature_model_init_seed(file)) {
+      detail::require_no_feature_model_tensors(file);
+      init_parameters(model.feature_model, *seed, prefix, pack);
+      return;
+    }
+  }
+  LoadOptions options = LoadOptions::scoped(prefix);
+  options.pack = pack;
+  with_module(model, std::string(name), [&](auto& module) { load_parameters(module, file, prefix, options); });
+}
+
+/// How load_model reads a file.
+struct ModelLoadOptions {
+  /// The configuration the caller expects. It must equal the file's own
+  /// (ldlm.config); for a file without one it is used as is (default: ldlm-base).
+  std::optional<Config> config;
+  /// Precision the matrix-product weights are packed for as they are read
+  /// (LoadOptions::pack); std::nullopt keeps every parameter plain.
+  std::optional<Precision> pack = Precision::fp32;
+};
+
+/// The whole LDLM from a self-describing file, strictly: every parameter present with
+/// its shape, no tensor left over (GPT-2's attention buffers aside).
+template <class S = float>
+LDLM<S> load_model(const SafetensorsFile& file, const ModelLoadOptions& options = {}) {
+  LDLM<S> model(resolve_config(file, options.config));
+  if (const auto seed = read_feature_model_init_seed(file)) {
+    detail::require_no_feature_model_tensors(file);
+    init_parameters(model.feature_model, *seed, detail::kFeatureModelPrefix, options.pack);
+    auto trained = [](const std::string& name) { return !name.starts_with(detail::kFeatureModelPrefix); };
+    detail::FilteredModule<LDLM<S>, decltype(trained)> rest{model, trained};
+    LoadOptions load;
+    load.pack = options.pack;
+    load_parameters(rest, file, "", load);
+  } else {
+    LoadOptions load;
+    load.pack = options.pack;
+    load_parameters(model, file, "", load);
+  }
+  return model;
+}
+
+template <class S = float>
+LDLM<S> load_model(const std::string& path, const ModelLoadOptions& options = {}) {
+  return load_model<S>(SafetensorsFile::open(path), options);
+}
+
+/// How save_model writes a file.
+struct ModelSaveOptions {
+  /// Leave the feature model out and record this generator seed instead; the feature
+  /// model must hold exactly init_parameters(feature_model, seed, "feature_model.").
+  std::optional<std::uint64_t> feature_model_init_seed;
+};
+
+/// Writes every parameter under its full state-dict name with the configuration in
+/// `__metadata__`, so load_model and every `ldlm` command need no config file.
+template <class S>
+void save_model(const LDLM<S>& model, const std::string& path, const ModelSaveOptions& options = {}) {
+  SafetensorsWriter writer;
+  writer.set_metadata(std::string(kConfigMetadataKey), model.config.to_json().dump());
+  const auto& seed = options.feature_model_init_seed;
+  if (seed) {
+    writer.set_metadata(std::string(kFeatureModelInitSeedKey), std::to_string(*seed));
+    // Checked, not trusted: a file claiming generated weights that are not would load
+    // as a different model without any error.
+    visit_parameters(model.feature_model, detail::kFeatureModelPrefix, [&](const std::string& name, const auto& p) {
+      Parameter<S> expected(p.shape());
+      init_parameter(expected, name, *seed);
+      if (std::memcmp(expected.data(), p.data(), sizeof(S) * std::size_t(p.numel())) != 0)
+        throw InvalidArgument("save_model " + path + ": parameter '" + name +
+                              "' differs from the generator's values for feature_model_init_seed " +
+                              std::to_string(*seed));
+    });
+  }
+  visit_parameters(model, "", [&](const std::string& name, const auto& p) {
+    if (!(seed && name.starts_with(detail::kFeatureModelPrefix))) writer.add(name, p.shape(), p.data());
+  });
+  writer.write(path);
+}
+
+}  // namespace ldlm
