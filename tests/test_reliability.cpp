@@ -7,7 +7,9 @@
 // init_parameters(model, 3); the inputs are the model_small reference inputs
 // (B = 2, T = 37), so every module runs on realistic activations.
 //
-// ReliabilityConcurrent.* is what the tsan preset runs (ctest -R Concurrent).
+// ReliabilityConcurrent.* is what the tsan preset runs (ctest -R Concurrent); the
+// ReliabilityConcurrentThrows.* cases drive ThreadPool::parallel_for with tasks
+// that throw on workers and on the calling thread, hundreds of times over.
 //
 // 1 vs 2 threads: each op splits its work into tasks with disjoint outputs, but
 // the split changes the shapes of the sub-products and so their summation order:
@@ -21,6 +23,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -241,6 +245,144 @@ TEST(ReliabilityConcurrent, ContextsSharingOnePoolAreSerialised) {
     EXPECT_EQ(errors[std::size_t(c)], "");
     if (errors[std::size_t(c)].empty()) expect_bitwise_equal(results[std::size_t(c)], reference, "shared pool:");
   }
+}
+
+// ---------------------------------------------------------------------------
+// 2b. Exceptions inside parallel_for: the first one reaches the caller only after
+//     every worker has left the job, and the pool works normally afterwards
+// ---------------------------------------------------------------------------
+
+constexpr int kThrowingRounds = 300;
+
+/// Spins (yielding) until pred() holds.
+template <class P>
+void wait_until(P&& pred) {
+  while (!pred()) std::this_thread::yield();
+}
+
+/// A normal job after a failed one: every task runs exactly once, and parallel_for
+/// returns only after all of them (a wrong busy-worker count would return early).
+void expect_pool_works(ThreadPool& pool, const std::string& after) {
+  constexpr Index n = 97;
+  std::vector<std::atomic<int>> runs(n);
+  std::atomic<int> finished{0};
+  pool.parallel_for(n, [&](Index task, int worker) {
+    EXPECT_GE(worker, 0);
+    EXPECT_LT(worker, pool.size());
+    runs[std::size_t(task)].fetch_add(1);
+    finished.fetch_add(1);
+  });
+  EXPECT_EQ(finished.load(), n) << "parallel_for returned before all tasks finished, " << after;
+  for (Index i = 0; i < n; ++i) ASSERT_EQ(runs[std::size_t(i)].load(), 1) << "task " << i << ", " << after;
+}
+
+TEST(ReliabilityConcurrentThrows, WorkerExceptionReachesTheCaller) {
+  ThreadPool pool(3);
+  for (int round = 0; round < kThrowingRounds; ++round) {
+    std::atomic<bool> worker_inside{false};
+    std::atomic<int> in_flight{0};
+    const std::string message = error_of<ShapeError>([&] {
+      pool.parallel_for(64, [&](Index task, int worker) {
+        in_flight.fetch_add(1);
+        if (worker == 0) {
+          // The caller's task holds on until a worker has taken one, so the
+          // exception really comes from a worker thread.
+          wait_until([&] { return worker_inside.load(); });
+        } else {
+          worker_inside.store(true);
+          in_flight.fetch_sub(1);
+          throw ShapeError("task " + std::to_string(task) + " failed on worker " + std::to_string(worker));
+        }
+        in_flight.fetch_sub(1);
+      });
+    });
+    ASSERT_THAT(message, AllOf(HasSubstr("failed on worker "), ::testing::Not(HasSubstr("worker 0")))) << "round " << round;
+    ASSERT_EQ(in_flight.load(), 0) << "a task was still running when the exception arrived, round " << round;
+    expect_pool_works(pool, "round " + std::to_string(round));
+  }
+}
+
+/// Runs a job whose calling-thread task throws while both workers are still inside
+/// body, writing into `slots`, a local of this frame: if parallel_for let the
+/// exception out before the workers were done, they would write into freed memory
+/// (AddressSanitizer) and `in_flight` would not be 0 at the catch.
+void throw_on_the_caller_while_workers_run(ThreadPool& pool, std::atomic<int>& in_flight) {
+  std::vector<int> slots(64, 0);
+  std::atomic<bool> caller_threw{false};
+  pool.parallel_for(64, [&](Index task, int worker) {
+    if (worker == 0) {
+      wait_until([&] { return in_flight.load() == pool.size() - 1; });
+      caller_threw.store(true);
+      throw InvalidArgument("caller task " + std::to_string(task) + " failed");
+    }
+    in_flight.fetch_add(1);
+    wait_until([&] { return caller_threw.load(); });
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    slots[std::size_t(task)] = worker;  // still touching the caller's frame
+    in_flight.fetch_sub(1);
+  });
+}
+
+TEST(ReliabilityConcurrentThrows, CallerExceptionWaitsForTheWorkers) {
+  ThreadPool pool(3);
+  for (int round = 0; round < kThrowingRounds; ++round) {
+    std::atomic<int> in_flight{0};
+    const std::string message = error_of<InvalidArgument>([&] { throw_on_the_caller_while_workers_run(pool, in_flight); });
+    ASSERT_THAT(message, HasSubstr("caller task ")) << "round " << round;
+    ASSERT_EQ(in_flight.load(), 0) << "workers were still inside the job when the exception arrived, round " << round;
+    expect_pool_works(pool, "round " + std::to_string(round));
+  }
+}
+
+TEST(ReliabilityConcurrentThrows, EveryTaskThrowingGivesOneExceptionAndSkipsTheRest) {
+  ThreadPool pool(2);
+  for (int round = 0; round < kThrowingRounds; ++round) {
+    std::atomic<int> started{0};
+    const std::string message = error_of<Error>([&] {
+      pool.parallel_for(1000, [&](Index task, int) {
+        started.fetch_add(1);
+        throw Error("task " + std::to_string(task));
+      });
+    });
+    ASSERT_THAT(message, HasSubstr("task ")) << "round " << round;
+    // Each thread stops at its first failure: at most one task per thread ran.
+    ASSERT_LE(started.load(), pool.size()) << "round " << round;
+    expect_pool_works(pool, "round " + std::to_string(round));
+  }
+}
+
+TEST(ReliabilityConcurrentThrows, OpThatThrowsInATaskLeavesTheContextUsable) {
+  // A real op: linear's epilogue runs inside the pool's tasks, on both threads.
+  Context ctx(2);
+  const Matrix<float> x = Matrix<float>::Random(256, 24), w = Matrix<float>::Random(40, 24);
+  const Matrix<float> want = x * w.transpose();
+  Matrix<float> y(256, 40);
+  for (int round = 0; round < kThrowingRounds / 3; ++round) {
+    std::atomic<int> blocks{0};
+    EXPECT_THAT(error_of<NumericError>([&] {
+      linear<float>(ctx, x, w, nullptr, y, WeightLayout::out_in, [&](MatRef<float>) {
+        if (blocks.fetch_add(1) == round % 2) throw NumericError("epilogue: block rejected");
+      });
+    }),
+                HasSubstr("epilogue: block rejected"));
+    y.setZero();
+    linear<float>(ctx, x, w, nullptr, y);
+    ASSERT_LT((y - want).cwiseAbs().maxCoeff(), 1e-4f) << "round " << round;
+  }
+}
+
+TEST(ReliabilityConcurrentThrows, OneThreadPoolPassesTheExceptionThrough) {
+  ThreadPool pool(1);
+  int ran = 0;
+  EXPECT_THAT(error_of<ShapeError>([&] {
+    pool.parallel_for(5, [&](Index task, int) {
+      ++ran;
+      if (task == 2) throw ShapeError("task 2");
+    });
+  }),
+              HasSubstr("task 2"));
+  EXPECT_EQ(ran, 3);
+  expect_pool_works(pool, "after the one-thread failure");
 }
 
 // ---------------------------------------------------------------------------

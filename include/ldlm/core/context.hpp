@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -40,7 +41,10 @@ inline void keep_blas_single_threaded() {
 
 /// A fixed set of worker threads. parallel_for hands tasks [0, n) to the workers
 /// and the calling thread, and returns when all are done. One caller at a time:
-/// concurrent parallel_for calls on one pool are serialised.
+/// concurrent parallel_for calls on one pool are serialised. A task that throws
+/// (a shape error, bad_alloc in a GEMM) stops the job: tasks not yet started are
+/// skipped, and the first exception is rethrown to the caller once no worker
+/// touches the job any more; the pool stays usable.
 class ThreadPool {
  public:
   explicit ThreadPool(int threads = 1) : size_(threads) {
@@ -62,6 +66,8 @@ class ThreadPool {
 
   /// Calls body(task, worker) for every task in [0, n); worker is in [0, size()).
   /// Tasks must write disjoint outputs; results then do not depend on scheduling.
+  /// If a task throws, the remaining tasks may be skipped and the first exception
+  /// is rethrown here after every worker has left `body`.
   template <class F>
   void parallel_for(Index n, F&& body) {
     if (n <= 0) return;
@@ -82,8 +88,15 @@ class ThreadPool {
     }
     wake_.notify_all();
     run_tasks(0);
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return busy_workers_ == 0; });
+    std::exception_ptr error;
+    {
+      // Always wait, also after a failure on this thread: the workers may still be
+      // inside body, which lives in the caller's frame.
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, [this] { return busy_workers_ == 0; });
+      std::swap(error, error_);
+    }
+    if (error) std::rethrow_exception(error);
   }
 
  private:
@@ -93,10 +106,18 @@ class ThreadPool {
     Index n = 0;
   };
 
-  void run_tasks(int worker) {
-    for (Index i = next_.fetch_add(1, std::memory_order_relaxed); i < job_.n;
-         i = next_.fetch_add(1, std::memory_order_relaxed))
-      job_.fn(job_.ctx, i, worker);
+  /// Runs tasks until none is left. Never throws: the first exception of the job is
+  /// kept for the caller, and the tasks not yet handed out are skipped.
+  void run_tasks(int worker) noexcept {
+    try {
+      for (Index i = next_.fetch_add(1, std::memory_order_relaxed); i < job_.n;
+           i = next_.fetch_add(1, std::memory_order_relaxed))
+        job_.fn(job_.ctx, i, worker);
+    } catch (...) {
+      next_.store(job_.n, std::memory_order_relaxed);
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
   }
 
   void worker_loop(int worker) {
@@ -122,6 +143,7 @@ class ThreadPool {
   std::uint64_t generation_ = 0;
   int busy_workers_ = 0;
   bool stopping_ = false;
+  std::exception_ptr error_;  // the job's first exception, guarded by mutex_
   Job job_;
   std::atomic<Index> next_{0};
 };
