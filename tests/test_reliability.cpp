@@ -546,7 +546,121 @@ TEST(ReliabilityInputs, InvalidConfigIsRejectedBeforeAnyModuleIsBuilt) {
   Config huge = small_config();
   huge.vocab_size = std::int64_t{1} << 40;
   EXPECT_THAT(error_of<ConfigError>([&] { LDLM<float> m(huge); }),
-              HasSubstr("config: 'vocab_size' is implausibly large: 1099511627776"));
+              HasSubstr("config: 'vocab_size' must be <= 4194304, got 1099511627776"));
+}
+
+// ---------------------------------------------------------------------------
+// 5. Size arithmetic cannot overflow: bounded config keys, batches checked
+//    against the widest row, overflow-checked products in the arena
+// ---------------------------------------------------------------------------
+
+/// ldlm-base with every bounded size key at its maximum (still a valid config).
+Config largest_config() {
+  Config c;
+  c.d_model = 1 << 16;
+  c.n_heads = 1;
+  c.head_dim = 1 << 16;
+  c.mlp_mult = 64;
+  c.max_positions = 1 << 20;
+  c.vocab_size = 1 << 22;
+  c.token_decoder_mlp_hidden = 1 << 22;
+  c.encoder_layers = c.latent_decoder_layers = c.token_decoder_layers = 1024;
+  c.denoiser_blocks = c.gpt2_layers = c.gpt2_feature_layers = 1024;
+  return c;
+}
+
+TEST(ReliabilityOverflow, ConfigSizeKeysHaveRealisticInclusiveBounds) {
+  const Config largest = largest_config();
+  EXPECT_NO_THROW(largest.validate());
+  EXPECT_EQ(largest.widest_row(), std::int64_t{1} << 22);
+  // Parameter counts of the largest model are formed without overflow.
+  const ParameterCounts counts = count_parameters(largest);
+  ::testing::Test::RecordProperty("largest_config.trained", std::to_string(counts.trained));
+  EXPECT_GT(counts.trained, std::int64_t{1} << 50);
+  EXPECT_LT(counts.trained + counts.frozen, std::int64_t{1} << 53);
+
+  struct Bound {
+    const char* key;
+    std::int64_t max;
+    std::int64_t Config::*field;
+  };
+  const Bound bounds[] = {{"d_model", 65536, &Config::d_model},
+                          {"n_heads", 65536, &Config::n_heads},
+                          {"head_dim", 65536, &Config::head_dim},
+                          {"mlp_mult", 64, &Config::mlp_mult},
+                          {"max_positions", 1048576, &Config::max_positions},
+                          {"vocab_size", 4194304, &Config::vocab_size},
+                          {"token_decoder_mlp_hidden", 4194304, &Config::token_decoder_mlp_hidden},
+                          {"encoder_layers", 1024, &Config::encoder_layers},
+                          {"denoiser_blocks", 1024, &Config::denoiser_blocks},
+                          {"gpt2_layers", 1024, &Config::gpt2_layers}};
+  for (const Bound& b : bounds) {
+    SCOPED_TRACE(b.key);
+    EXPECT_EQ(Config::max_value(b.key), b.max);
+    Config over = largest;
+    over.*b.field = b.max + 1;
+    EXPECT_THAT(error_of<ConfigError>([&] { over.validate(); }),
+                HasSubstr("config: '" + std::string(b.key) + "' must be <= " + std::to_string(b.max) + ", got " +
+                          std::to_string(b.max + 1)));
+  }
+  // The JSON route reaches the same check.
+  EXPECT_THAT(error_of<ConfigError>([] { Config::parse(R"({"max_positions": 16777216})"); }),
+              HasSubstr("config: 'max_positions' must be <= 1048576, got 16777216"));
+}
+
+TEST(ReliabilityOverflow, BatchWhoseActivationsOverflowAnIndexIsRejected) {
+  // The largest config: B · T · widest_row = 2^20 · 2^20 · 2^22 = 2^62 fits, twice that does not.
+  const Config c = largest_config();
+  const Index T = c.max_positions;
+  EXPECT_NO_THROW(check_sampling_arguments("generate", c, Index{1} << 20, T, 1));
+  EXPECT_THAT(error_of<InvalidArgument>([&] { check_sampling_arguments("generate", c, Index{1} << 21, T, 1); }),
+              HasSubstr("generate: a batch of B = 2097152 sequences of T = 1048576 is too large: its [B, T, 4194304] "
+                        "activations have more elements than a 64-bit index can count"));
+  EXPECT_THAT(error_of<ShapeError>([&] { check_batch_fits("token_decoder", std::numeric_limits<Index>::max(), 1, c); }),
+              HasSubstr("token_decoder: a batch of B = 9223372036854775807 sequences of T = 1 is too large"));
+
+  // Through the public API, before any allocation: generate on model_small with an
+  // absurd batch (the old check only required B >= 1).
+  const Pipeline<float> pipeline(small_model());
+  Context ctx;
+  SamplerOptions options;
+  options.steps = 1;
+  EXPECT_THAT(error_of<InvalidArgument>([&] { pipeline.generate(ctx, Index{1} << 60, 48, options); }),
+              HasSubstr("generate: a batch of B = 1152921504606846976 sequences of T = 48 is too large"));
+  EXPECT_EQ(ctx.arena().capacity(), 0u);
+}
+
+TEST(ReliabilityOverflow, CheckedProductBoundaries) {
+  constexpr Index kMax = std::numeric_limits<Index>::max();
+  EXPECT_EQ(checked_product<Index>({Index{1} << 31, Index{1} << 31}), Index{1} << 62);
+  EXPECT_EQ(checked_product<Index>({Index{1} << 31, Index{1} << 31, 2}), std::nullopt);
+  EXPECT_EQ(checked_product<Index>({kMax, 1}), kMax);
+  EXPECT_EQ(checked_product<Index>({0, kMax, kMax}), 0);
+  EXPECT_EQ(checked_product<Index>({Index{1} << 32, Index{1} << 31}), std::nullopt);
+  EXPECT_EQ(checked_product<Index>({kMax / 2 + 1, 2}), std::nullopt);
+  EXPECT_EQ(checked_product<Index>({-1, 5}), std::nullopt);
+  EXPECT_EQ(checked_product<Index>({}), 1);
+  constexpr std::size_t kSizeMax = std::numeric_limits<std::size_t>::max();
+  EXPECT_EQ(checked_product<std::size_t>({kSizeMax / 4, 4}), kSizeMax / 4 * 4);
+  EXPECT_EQ(checked_product<std::size_t>({kSizeMax / 4 + 1, 4}), std::nullopt);
+}
+
+TEST(ReliabilityOverflow, ArenaRejectsByteCountsThatOverflow) {
+  Arena arena;
+  constexpr std::size_t kSizeMax = std::numeric_limits<std::size_t>::max();
+  EXPECT_THAT(error_of<InvalidArgument>([&] { arena.allocate<double>(kSizeMax / 8 + 1); }),
+              HasSubstr("Arena::allocate: 2305843009213693952 values of 8 bytes exceed the address space"));
+  // Rounding up to the 64-byte alignment must not wrap either.
+  EXPECT_THAT(error_of<InvalidArgument>([&] { arena.allocate<std::byte>(kSizeMax - 62); }),
+              HasSubstr("values of 1 bytes exceed the address space"));
+  // A negative Index converted to size_t (rows * d gone wrong upstream) is caught the same way.
+  EXPECT_THAT(error_of<InvalidArgument>([&] { arena.allocate<float>(static_cast<std::size_t>(Index{-64})); }),
+              HasSubstr("values of 4 bytes exceed the address space"));
+  EXPECT_EQ(arena.capacity(), 0u);
+  // Normal use afterwards.
+  float* p = arena.allocate<float>(100);
+  p[99] = 1.0f;
+  EXPECT_GE(arena.capacity(), 400u);
 }
 
 }  // namespace

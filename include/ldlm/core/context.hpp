@@ -176,14 +176,14 @@ class Arena {
   /// innermost open Scope closes.
   template <class T>
   T* allocate(std::size_t n) {
-    const std::size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    const std::size_t bytes = rounded_bytes(n, sizeof(T));
     while (current_ < blocks_.size() && offset_ + bytes > blocks_[current_].size) {
       ++current_;
       offset_ = 0;
     }
     if (current_ == blocks_.size()) {
       const std::size_t last = blocks_.empty() ? 0 : blocks_.back().size;
-      blocks_.push_back(Block(std::max(bytes, 2 * last)));
+      blocks_.push_back(Block(std::max(bytes, last <= SIZE_MAX / 2 ? 2 * last : 0)));
       offset_ = 0;
     }
     std::byte* p = blocks_[current_].data.get() + offset_;
@@ -199,6 +199,17 @@ class Arena {
 
  private:
   static constexpr std::size_t kAlign = 64;
+
+  /// n · size rounded up to kAlign. A count computed from negative or huge extents
+  /// (an Index converted to size_t) is an error here, not a short block.
+  static std::size_t rounded_bytes(std::size_t n, std::size_t size) {
+    const auto bytes = checked_product<std::size_t>({n, size});
+    if (!bytes || *bytes > SIZE_MAX - (kAlign - 1))
+      throw InvalidArgument("Arena::allocate: " + std::to_string(n) + " values of " + std::to_string(size) +
+                            " bytes exceed the address space");
+    return (*bytes + kAlign - 1) / kAlign * kAlign;
+  }
+
   struct Deleter {
     void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(kAlign)); }
   };

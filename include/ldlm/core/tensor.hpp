@@ -8,6 +8,9 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <type_traits>
 
 #include "ldlm/core/error.hpp"
 
@@ -51,6 +54,20 @@ template <class S>
 using MatRef = Eigen::Ref<Matrix<S>, 0, Eigen::OuterStride<>>;
 template <class S>
 using ConstMatRef = Eigen::Ref<const Matrix<S>, 0, Eigen::OuterStride<>>;
+
+/// The product of `factors`, or nullopt when a factor is negative or the product
+/// does not fit in I: for sizes formed from caller-supplied extents (a batch
+/// size, an arena byte count) before anything is allocated.
+template <class I>
+std::optional<I> checked_product(std::initializer_list<I> factors) {
+  I product = 1;
+  for (const I f : factors) {
+    if constexpr (std::is_signed_v<I>)
+      if (f < 0) return std::nullopt;
+    if (__builtin_mul_overflow(product, f, &product)) return std::nullopt;
+  }
+  return product;
+}
 
 template <class S, int Rank>
 Shape shape_of(const Tensor<S, Rank>& t) {
