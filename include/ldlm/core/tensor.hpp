@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "ldlm/core/error.hpp"
@@ -67,6 +69,15 @@ std::optional<I> checked_product(std::initializer_list<I> factors) {
     if (__builtin_mul_overflow(product, f, &product)) return std::nullopt;
   }
   return product;
+}
+
+/// B for a [rows, cols] matrix holding B whole sequences of T rows (row = b*T + t);
+/// ShapeError naming `where` and `tensor` when T < 1 or T does not divide rows.
+inline Index sequence_count(std::string_view where, std::string_view tensor, Index rows, Index cols, Index T) {
+  if (T < 1 || rows % T != 0)
+    throw ShapeError(std::string(where) + ": " + std::string(tensor) + " " + shape_string(Shape{rows, cols}) +
+                     " is not a whole number of sequences of T = " + std::to_string(T) + " rows");
+  return rows / T;
 }
 
 template <class S, int Rank>
