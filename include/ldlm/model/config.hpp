@@ -187,11 +187,18 @@ struct Config {
     // hostile input (a million '[') from recursing through the parser or the
     // destructor, and a repeated key is refused rather than silently overwritten.
     std::set<std::string> seen;
+    std::string key;  // the top-level key whose value is being parsed
     auto flat = [&](int depth, json::parse_event_t event, json& value) {
       if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth > 0)
-        throw ConfigError("config " + origin + ": nested objects and arrays are not allowed");
-      if (event == json::parse_event_t::key && depth == 1 && !seen.insert(value.get<std::string>()).second)
-        throw ConfigError("config " + origin + ": duplicate key '" + value.get<std::string>() + "'");
+        throw ConfigError("config " + origin + ": " + (key.empty() ? "" : "'" + key + "' must be a number or a boolean, ") +
+                          "got a nested JSON " + (event == json::parse_event_t::array_start ? "array" : "object") +
+                          " (nested objects and arrays are not allowed)");
+      if (event == json::parse_event_t::key && depth == 1) {
+        key = value.get<std::string>();
+        if (key.size() > 64) key = key.substr(0, 64) + "...";
+        if (!seen.insert(value.get<std::string>()).second)
+          throw ConfigError("config " + origin + ": duplicate key '" + key + "'");
+      }
       return true;
     };
     json j;
