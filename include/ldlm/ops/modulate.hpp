@@ -3,6 +3,9 @@
 // column blocks of the adaLN output.
 #pragma once
 
+#include <array>
+#include <cstdint>
+
 #include "ldlm/ops/norm.hpp"
 
 namespace ldlm {
@@ -13,6 +16,13 @@ template <class S>
 void modulate_row(const S* x, const S* shift, const S* scale, Index n, S* y) {
   const ConstRowVectorMap<S> x_row(x, n), shift_row(shift, n), scale_row(scale, n);
   RowVectorMap<S>(y, n) = x_row.cwiseProduct((scale_row.array() + S(1)).matrix()) + shift_row;
+}
+
+/// [rows, cols] of a matrix for check_shape, without the heap allocation of a
+/// Shape: these checks run on every call, inside the allocation-free sampling loop.
+template <class M>
+std::array<std::int64_t, 2> extents(const M& m) {
+  return {m.rows(), m.cols()};
 }
 
 inline void check_modulate_shapes(const char* op, Index rows, Index d, Index T, Index shift_rows, Index shift_cols,
@@ -61,15 +71,15 @@ void layer_norm_modulate(Context& ctx, ConstMatRef<S> x, const S* gamma, float e
 template <class S>
 void gated_residual_add(Context& ctx, MatRef<S> residual, ConstMatRef<S> gate, ConstMatRef<S> x, Index T) {
   const Index B = sequence_count("gated_residual_add", "x", x.rows(), x.cols(), T);
-  check_shape("gated_residual_add", "gate", {B, x.cols()}, Shape{gate.rows(), gate.cols()});
-  check_shape("gated_residual_add", "residual", {x.rows(), x.cols()}, Shape{residual.rows(), residual.cols()});
+  check_shape("gated_residual_add", "gate", {B, x.cols()}, detail::extents(gate));
+  check_shape("gated_residual_add", "residual", {x.rows(), x.cols()}, detail::extents(residual));
   detail::for_each_row(ctx, x.rows(), [&](Index r) { residual.row(r) += gate.row(r / T).cwiseProduct(x.row(r)); });
 }
 
 /// ScaleMask with every position masked (m = 1): y = x · (1 + w + b). y may alias x.
 template <class S>
 void scale_mask(Context& ctx, ConstMatRef<S> x, S w, S b, MatRef<S> y) {
-  check_shape("scale_mask", "y", {x.rows(), x.cols()}, Shape{y.rows(), y.cols()});
+  check_shape("scale_mask", "y", {x.rows(), x.cols()}, detail::extents(y));
   const S factor = S(1) + w * S(1) + b;
   detail::for_each_row(ctx, x.rows(), [&](Index r) { y.row(r) = x.row(r) * factor; });
 }
