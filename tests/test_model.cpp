@@ -250,6 +250,12 @@ TEST(ModelConfig, ErrorsNameTheKey) {
               AllOf(HasSubstr("'n_heads'"), HasSubstr("head_dim"), HasSubstr("10 * 64 != 768")));
   EXPECT_THAT(config_error(R"({"gpt2_feature_layers": 13})"),
               AllOf(HasSubstr("'gpt2_feature_layers'"), HasSubstr("gpt2_layers (12)"), HasSubstr("13")));
+  // Nested values are refused while parsing (before any recursion), naming the key.
+  EXPECT_THAT(config_error(R"({"n_heads": 12, "d_model": [768]})"),
+              HasSubstr("config <string>: 'd_model' must be a number or a boolean, got a nested JSON array"));
+  EXPECT_THAT(config_error(R"({"softcap": {"value": 50}})"),
+              HasSubstr("config <string>: 'softcap' must be a number or a boolean, got a nested JSON object"));
+  EXPECT_THAT(config_error(R"([[1]])"), HasSubstr("config <string>: got a nested JSON array"));
   EXPECT_THAT(config_error("[1, 2]"), HasSubstr("JSON object"));
   EXPECT_THAT(config_error("{"), HasSubstr("not valid JSON"));
   EXPECT_THAT(error_of<IoError>([] { Config::load("/nonexistent/ldlm-config.json"); }),
@@ -547,6 +553,40 @@ TEST_F(ModelLoading, TransposedWeightNamesBothShapes) {
   write_tensors(tensors, dir_ / "transposed.safetensors");
   EXPECT_THAT(load_error(dir_ / "transposed.safetensors"),
               HasSubstr("tensor 'denoiser.input_proj.weight' expected shape [64, 128], got [128, 64]"));
+}
+
+// GPT-2's attn.c_proj is a square Conv1D weight [in, out] = [d, d]: a checkpoint
+// holding it transposed (nn.Linear's [out, in] order, the classic porting slip)
+// passes every shape check and loads silently. Parity is what catches it: the
+// features land far outside the tolerance.
+TEST_F(ModelLoading, TransposedSquareConv1DWeightsLoadButMissTheReference) {
+  auto tensors = weights();
+  int transposed_count = 0;
+  for (int layer = 0; layer < small_config().gpt2_layers; ++layer) {
+    RawTensor& w = find_tensor(tensors, "feature_model.h." + std::to_string(layer) + ".attn.c_proj.weight");
+    ASSERT_EQ(w.shape, (Shape{64, 64}));
+    const auto v = values_of<float>(w);
+    std::vector<float> transposed(v.size());
+    for (std::size_t r = 0; r < 64; ++r)
+      for (std::size_t c = 0; c < 64; ++c) transposed[c * 64 + r] = v[r * 64 + c];
+    ASSERT_NE(transposed, v);
+    w.bytes = bytes_of(transposed);
+    ++transposed_count;
+  }
+  ASSERT_EQ(transposed_count, 3);
+  write_tensors(tensors, dir_ / "transposed_c_proj.safetensors");
+
+  LDLM<float> m(small_config());
+  ASSERT_NO_THROW(load_parameters(m, SafetensorsFile::open(dir_ / "transposed_c_proj.safetensors")));
+  const auto in = open_reference("model_small/feature_model.inputs.safetensors");
+  const auto out = open_reference("model_small/feature_model.outputs.safetensors");
+  Context ctx;
+  const auto features = m.feature_model.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens"));
+  EXPECT_FALSE(ldlm::test::matches_reference(features, out, "features", kSmallModule));
+  // Far outside: at least 100 times the tolerance.
+  const double error = ldlm::test::max_abs_diff(features, read_tensor<float, 3>(out, "features"));
+  ::testing::Test::RecordProperty("features.max_abs_error_transposed", std::to_string(error));
+  EXPECT_GT(error, 100 * kSmallModule.atol);
 }
 
 TEST_F(ModelLoading, IntegerWeightIsRejected) {

@@ -353,6 +353,43 @@ TEST(Modulate, FusedLayerNormModulateEqualsTheComposition) {
   EXPECT_NE(small_y.find("modulate: y [13, 16] must match x [14, 16]"), std::string::npos) << small_y;
 }
 
+// gated_residual_add checks its operands like modulate: whole sequences of T rows,
+// a gate row per sequence, a residual of x's shape.
+TEST(Modulate, GatedResidualAddChecksShapes) {
+  Context ctx;
+  Matrix<float> residual = Matrix<float>::Zero(6, 4), x = Matrix<float>::Ones(6, 4), gate = Matrix<float>::Ones(2, 4);
+  gated_residual_add<float>(ctx, residual, gate, x, 3);
+  EXPECT_EQ(residual, Matrix<float>::Ones(6, 4));
+
+  const auto error = [&](auto&& call) { return error_of<ShapeError>(call); };
+  EXPECT_EQ(error([&] { gated_residual_add<float>(ctx, residual, gate, x, 4); }),
+            "gated_residual_add: x [6, 4] is not a whole number of sequences of T = 4 rows");
+  EXPECT_EQ(error([&] { gated_residual_add<float>(ctx, residual, gate, x, 0); }),
+            "gated_residual_add: x [6, 4] is not a whole number of sequences of T = 0 rows");
+  // T = 2 makes 3 sequences, but there are 2 gate rows (reading gate row 2 would overrun).
+  EXPECT_EQ(error([&] { gated_residual_add<float>(ctx, residual, gate, x, 2); }),
+            "gated_residual_add: tensor 'gate' expected shape [3, 4], got [2, 4]");
+  const Matrix<float> narrow_gate = Matrix<float>::Ones(2, 3);
+  EXPECT_EQ(error([&] { gated_residual_add<float>(ctx, residual, narrow_gate, x, 3); }),
+            "gated_residual_add: tensor 'gate' expected shape [2, 4], got [2, 3]");
+  Matrix<float> short_residual = Matrix<float>::Zero(5, 4);
+  EXPECT_EQ(error([&] { gated_residual_add<float>(ctx, short_residual, gate, x, 3); }),
+            "gated_residual_add: tensor 'residual' expected shape [6, 4], got [5, 4]");
+  EXPECT_EQ(residual, Matrix<float>::Ones(6, 4)) << "a rejected call must not write";
+}
+
+TEST(ScaleMask, ChecksTheOutputShape) {
+  Context ctx;
+  const Matrix<float> x = Matrix<float>::Ones(6, 4);
+  Matrix<float> y(6, 4), short_y(5, 4), wide_y(6, 5);
+  scale_mask<float>(ctx, x, 0.5f, 0.25f, y);
+  EXPECT_EQ(y, Matrix<float>::Constant(6, 4, 1.75f));
+  EXPECT_EQ(error_of<ShapeError>([&] { scale_mask<float>(ctx, x, 0.5f, 0.25f, short_y); }),
+            "scale_mask: tensor 'y' expected shape [6, 4], got [5, 4]");
+  EXPECT_EQ(error_of<ShapeError>([&] { scale_mask<float>(ctx, x, 0.5f, 0.25f, wide_y); }),
+            "scale_mask: tensor 'y' expected shape [6, 4], got [6, 5]");
+}
+
 TEST(ScaleMask, MatchesReference) {
   const auto file = open_reference("primitives/scale_mask.safetensors");
   nn::ScaleMask<float> scale_mask;
@@ -387,6 +424,28 @@ TEST(Positions, DroppingTheScaleIsCaught) {
   const Tensor2<float> unscaled = table.slice(std::array<Index, 2>{0, 0}, std::array<Index, 2>{7, 16});
   EXPECT_FALSE(matches_reference(unscaled, file, "output.pos", kTol));
   EXPECT_GT(max_abs_diff(unscaled, read_tensor<float, 2>(file, "output.pos")), kBugGap);
+}
+
+TEST(Positions, AddPositionsChecksShapes) {
+  Context ctx;
+  const Matrix<float> table = Matrix<float>::Ones(8, 4);  // [max_positions, d]
+  Matrix<float> x = Matrix<float>::Zero(6, 4);            // B = 2 sequences of T = 3
+  add_positions<float>(ctx, table, 3, x);
+  EXPECT_EQ(x, Matrix<float>::Constant(6, 4, 0.5f));  // d^-1/2 = 1/2
+
+  const auto error = [&](Index T, auto& target, const Matrix<float>& t) {
+    return error_of<ShapeError>([&] { add_positions<float>(ctx, t, T, target); });
+  };
+  // Rows that are not whole sequences of T: row r would get position r % T of a
+  // sequence that does not exist.
+  EXPECT_EQ(error(4, x, table), "add_positions: x [6, 4] is not a whole number of sequences of T = 4 rows");
+  EXPECT_EQ(error(0, x, table), "add_positions: x [6, 4] is not a whole number of sequences of T = 0 rows");
+  EXPECT_EQ(error(-3, x, table), "add_positions: x [6, 4] is not a whole number of sequences of T = -3 rows");
+  Matrix<float> long_x = Matrix<float>::Zero(9, 4);
+  EXPECT_EQ(error(9, long_x, table), "add_positions: position table [8, 4] cannot serve T = 9 with 4 features");
+  Matrix<float> wide_x = Matrix<float>::Zero(6, 5);
+  EXPECT_EQ(error(3, wide_x, table), "add_positions: position table [8, 4] cannot serve T = 3 with 5 features");
+  EXPECT_EQ(x, Matrix<float>::Constant(6, 4, 0.5f)) << "a rejected call must not write";
 }
 
 TEST(TimestepEmbedding, CosSinMatchesAndFlipSwitchGivesSinCos) {

@@ -7,7 +7,9 @@
 // init_parameters(model, 3); the inputs are the model_small reference inputs
 // (B = 2, T = 37), so every module runs on realistic activations.
 //
-// ReliabilityConcurrent.* is what the tsan preset runs (ctest -R Concurrent).
+// ReliabilityConcurrent.* is what the tsan preset runs (ctest -R Concurrent); the
+// ReliabilityConcurrentThrows.* cases drive ThreadPool::parallel_for with tasks
+// that throw on workers and on the calling thread, hundreds of times over.
 //
 // 1 vs 2 threads: each op splits its work into tasks with disjoint outputs, but
 // the split changes the shapes of the sub-products and so their summation order:
@@ -21,6 +23,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -244,6 +248,144 @@ TEST(ReliabilityConcurrent, ContextsSharingOnePoolAreSerialised) {
 }
 
 // ---------------------------------------------------------------------------
+// 2b. Exceptions inside parallel_for: the first one reaches the caller only after
+//     every worker has left the job, and the pool works normally afterwards
+// ---------------------------------------------------------------------------
+
+constexpr int kThrowingRounds = 300;
+
+/// Spins (yielding) until pred() holds.
+template <class P>
+void wait_until(P&& pred) {
+  while (!pred()) std::this_thread::yield();
+}
+
+/// A normal job after a failed one: every task runs exactly once, and parallel_for
+/// returns only after all of them (a wrong busy-worker count would return early).
+void expect_pool_works(ThreadPool& pool, const std::string& after) {
+  constexpr Index n = 97;
+  std::vector<std::atomic<int>> runs(n);
+  std::atomic<int> finished{0};
+  pool.parallel_for(n, [&](Index task, int worker) {
+    EXPECT_GE(worker, 0);
+    EXPECT_LT(worker, pool.size());
+    runs[std::size_t(task)].fetch_add(1);
+    finished.fetch_add(1);
+  });
+  EXPECT_EQ(finished.load(), n) << "parallel_for returned before all tasks finished, " << after;
+  for (Index i = 0; i < n; ++i) ASSERT_EQ(runs[std::size_t(i)].load(), 1) << "task " << i << ", " << after;
+}
+
+TEST(ReliabilityConcurrentThrows, WorkerExceptionReachesTheCaller) {
+  ThreadPool pool(3);
+  for (int round = 0; round < kThrowingRounds; ++round) {
+    std::atomic<bool> worker_inside{false};
+    std::atomic<int> in_flight{0};
+    const std::string message = error_of<ShapeError>([&] {
+      pool.parallel_for(64, [&](Index task, int worker) {
+        in_flight.fetch_add(1);
+        if (worker == 0) {
+          // The caller's task holds on until a worker has taken one, so the
+          // exception really comes from a worker thread.
+          wait_until([&] { return worker_inside.load(); });
+        } else {
+          worker_inside.store(true);
+          in_flight.fetch_sub(1);
+          throw ShapeError("task " + std::to_string(task) + " failed on worker " + std::to_string(worker));
+        }
+        in_flight.fetch_sub(1);
+      });
+    });
+    ASSERT_THAT(message, AllOf(HasSubstr("failed on worker "), ::testing::Not(HasSubstr("worker 0")))) << "round " << round;
+    ASSERT_EQ(in_flight.load(), 0) << "a task was still running when the exception arrived, round " << round;
+    expect_pool_works(pool, "round " + std::to_string(round));
+  }
+}
+
+/// Runs a job whose calling-thread task throws while both workers are still inside
+/// body, writing into `slots`, a local of this frame: if parallel_for let the
+/// exception out before the workers were done, they would write into freed memory
+/// (AddressSanitizer) and `in_flight` would not be 0 at the catch.
+void throw_on_the_caller_while_workers_run(ThreadPool& pool, std::atomic<int>& in_flight) {
+  std::vector<int> slots(64, 0);
+  std::atomic<bool> caller_threw{false};
+  pool.parallel_for(64, [&](Index task, int worker) {
+    if (worker == 0) {
+      wait_until([&] { return in_flight.load() == pool.size() - 1; });
+      caller_threw.store(true);
+      throw InvalidArgument("caller task " + std::to_string(task) + " failed");
+    }
+    in_flight.fetch_add(1);
+    wait_until([&] { return caller_threw.load(); });
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    slots[std::size_t(task)] = worker;  // still touching the caller's frame
+    in_flight.fetch_sub(1);
+  });
+}
+
+TEST(ReliabilityConcurrentThrows, CallerExceptionWaitsForTheWorkers) {
+  ThreadPool pool(3);
+  for (int round = 0; round < kThrowingRounds; ++round) {
+    std::atomic<int> in_flight{0};
+    const std::string message = error_of<InvalidArgument>([&] { throw_on_the_caller_while_workers_run(pool, in_flight); });
+    ASSERT_THAT(message, HasSubstr("caller task ")) << "round " << round;
+    ASSERT_EQ(in_flight.load(), 0) << "workers were still inside the job when the exception arrived, round " << round;
+    expect_pool_works(pool, "round " + std::to_string(round));
+  }
+}
+
+TEST(ReliabilityConcurrentThrows, EveryTaskThrowingGivesOneExceptionAndSkipsTheRest) {
+  ThreadPool pool(2);
+  for (int round = 0; round < kThrowingRounds; ++round) {
+    std::atomic<int> started{0};
+    const std::string message = error_of<Error>([&] {
+      pool.parallel_for(1000, [&](Index task, int) {
+        started.fetch_add(1);
+        throw Error("task " + std::to_string(task));
+      });
+    });
+    ASSERT_THAT(message, HasSubstr("task ")) << "round " << round;
+    // Each thread stops at its first failure: at most one task per thread ran.
+    ASSERT_LE(started.load(), pool.size()) << "round " << round;
+    expect_pool_works(pool, "round " + std::to_string(round));
+  }
+}
+
+TEST(ReliabilityConcurrentThrows, OpThatThrowsInATaskLeavesTheContextUsable) {
+  // A real op: linear's epilogue runs inside the pool's tasks, on both threads.
+  Context ctx(2);
+  const Matrix<float> x = Matrix<float>::Random(256, 24), w = Matrix<float>::Random(40, 24);
+  const Matrix<float> want = x * w.transpose();
+  Matrix<float> y(256, 40);
+  for (int round = 0; round < kThrowingRounds / 3; ++round) {
+    std::atomic<int> blocks{0};
+    EXPECT_THAT(error_of<NumericError>([&] {
+      linear<float>(ctx, x, w, nullptr, y, WeightLayout::out_in, [&](MatRef<float>) {
+        if (blocks.fetch_add(1) == round % 2) throw NumericError("epilogue: block rejected");
+      });
+    }),
+                HasSubstr("epilogue: block rejected"));
+    y.setZero();
+    linear<float>(ctx, x, w, nullptr, y);
+    ASSERT_LT((y - want).cwiseAbs().maxCoeff(), 1e-4f) << "round " << round;
+  }
+}
+
+TEST(ReliabilityConcurrentThrows, OneThreadPoolPassesTheExceptionThrough) {
+  ThreadPool pool(1);
+  int ran = 0;
+  EXPECT_THAT(error_of<ShapeError>([&] {
+    pool.parallel_for(5, [&](Index task, int) {
+      ++ran;
+      if (task == 2) throw ShapeError("task 2");
+    });
+  }),
+              HasSubstr("task 2"));
+  EXPECT_EQ(ran, 3);
+  expect_pool_works(pool, "after the one-thread failure");
+}
+
+// ---------------------------------------------------------------------------
 // 3. The optional NaN/Inf check (Context::check_finite)
 // ---------------------------------------------------------------------------
 
@@ -408,7 +550,121 @@ TEST(ReliabilityInputs, InvalidConfigIsRejectedBeforeAnyModuleIsBuilt) {
   Config huge = small_config();
   huge.vocab_size = std::int64_t{1} << 40;
   EXPECT_THAT(error_of<ConfigError>([&] { LDLM<float> m(huge); }),
-              HasSubstr("config: 'vocab_size' is implausibly large: 1099511627776"));
+              HasSubstr("config: 'vocab_size' must be <= 4194304, got 1099511627776"));
+}
+
+// ---------------------------------------------------------------------------
+// 5. Size arithmetic cannot overflow: bounded config keys, batches checked
+//    against the widest row, overflow-checked products in the arena
+// ---------------------------------------------------------------------------
+
+/// ldlm-base with every bounded size key at its maximum (still a valid config).
+Config largest_config() {
+  Config c;
+  c.d_model = 1 << 16;
+  c.n_heads = 1;
+  c.head_dim = 1 << 16;
+  c.mlp_mult = 64;
+  c.max_positions = 1 << 20;
+  c.vocab_size = 1 << 22;
+  c.token_decoder_mlp_hidden = 1 << 22;
+  c.encoder_layers = c.latent_decoder_layers = c.token_decoder_layers = 1024;
+  c.denoiser_blocks = c.gpt2_layers = c.gpt2_feature_layers = 1024;
+  return c;
+}
+
+TEST(ReliabilityOverflow, ConfigSizeKeysHaveRealisticInclusiveBounds) {
+  const Config largest = largest_config();
+  EXPECT_NO_THROW(largest.validate());
+  EXPECT_EQ(largest.widest_row(), std::int64_t{1} << 22);
+  // Parameter counts of the largest model are formed without overflow.
+  const ParameterCounts counts = count_parameters(largest);
+  ::testing::Test::RecordProperty("largest_config.trained", std::to_string(counts.trained));
+  EXPECT_GT(counts.trained, std::int64_t{1} << 50);
+  EXPECT_LT(counts.trained + counts.frozen, std::int64_t{1} << 53);
+
+  struct Bound {
+    const char* key;
+    std::int64_t max;
+    std::int64_t Config::*field;
+  };
+  const Bound bounds[] = {{"d_model", 65536, &Config::d_model},
+                          {"n_heads", 65536, &Config::n_heads},
+                          {"head_dim", 65536, &Config::head_dim},
+                          {"mlp_mult", 64, &Config::mlp_mult},
+                          {"max_positions", 1048576, &Config::max_positions},
+                          {"vocab_size", 4194304, &Config::vocab_size},
+                          {"token_decoder_mlp_hidden", 4194304, &Config::token_decoder_mlp_hidden},
+                          {"encoder_layers", 1024, &Config::encoder_layers},
+                          {"denoiser_blocks", 1024, &Config::denoiser_blocks},
+                          {"gpt2_layers", 1024, &Config::gpt2_layers}};
+  for (const Bound& b : bounds) {
+    SCOPED_TRACE(b.key);
+    EXPECT_EQ(Config::max_value(b.key), b.max);
+    Config over = largest;
+    over.*b.field = b.max + 1;
+    EXPECT_THAT(error_of<ConfigError>([&] { over.validate(); }),
+                HasSubstr("config: '" + std::string(b.key) + "' must be <= " + std::to_string(b.max) + ", got " +
+                          std::to_string(b.max + 1)));
+  }
+  // The JSON route reaches the same check.
+  EXPECT_THAT(error_of<ConfigError>([] { Config::parse(R"({"max_positions": 16777216})"); }),
+              HasSubstr("config: 'max_positions' must be <= 1048576, got 16777216"));
+}
+
+TEST(ReliabilityOverflow, BatchWhoseActivationsOverflowAnIndexIsRejected) {
+  // The largest config: B · T · widest_row = 2^20 · 2^20 · 2^22 = 2^62 fits, twice that does not.
+  const Config c = largest_config();
+  const Index T = c.max_positions;
+  EXPECT_NO_THROW(check_sampling_arguments("generate", c, Index{1} << 20, T, 1));
+  EXPECT_THAT(error_of<InvalidArgument>([&] { check_sampling_arguments("generate", c, Index{1} << 21, T, 1); }),
+              HasSubstr("generate: a batch of B = 2097152 sequences of T = 1048576 is too large: its [B, T, 4194304] "
+                        "activations have more elements than a 64-bit index can count"));
+  EXPECT_THAT(error_of<ShapeError>([&] { check_batch_fits("token_decoder", std::numeric_limits<Index>::max(), 1, c); }),
+              HasSubstr("token_decoder: a batch of B = 9223372036854775807 sequences of T = 1 is too large"));
+
+  // Through the public API, before any allocation: generate on model_small with an
+  // absurd batch (the old check only required B >= 1).
+  const Pipeline<float> pipeline(small_model());
+  Context ctx;
+  SamplerOptions options;
+  options.steps = 1;
+  EXPECT_THAT(error_of<InvalidArgument>([&] { pipeline.generate(ctx, Index{1} << 60, 48, options); }),
+              HasSubstr("generate: a batch of B = 1152921504606846976 sequences of T = 48 is too large"));
+  EXPECT_EQ(ctx.arena().capacity(), 0u);
+}
+
+TEST(ReliabilityOverflow, CheckedProductBoundaries) {
+  constexpr Index kMax = std::numeric_limits<Index>::max();
+  EXPECT_EQ(checked_product<Index>({Index{1} << 31, Index{1} << 31}), Index{1} << 62);
+  EXPECT_EQ(checked_product<Index>({Index{1} << 31, Index{1} << 31, 2}), std::nullopt);
+  EXPECT_EQ(checked_product<Index>({kMax, 1}), kMax);
+  EXPECT_EQ(checked_product<Index>({0, kMax, kMax}), 0);
+  EXPECT_EQ(checked_product<Index>({Index{1} << 32, Index{1} << 31}), std::nullopt);
+  EXPECT_EQ(checked_product<Index>({kMax / 2 + 1, 2}), std::nullopt);
+  EXPECT_EQ(checked_product<Index>({-1, 5}), std::nullopt);
+  EXPECT_EQ(checked_product<Index>({}), 1);
+  constexpr std::size_t kSizeMax = std::numeric_limits<std::size_t>::max();
+  EXPECT_EQ(checked_product<std::size_t>({kSizeMax / 4, 4}), kSizeMax / 4 * 4);
+  EXPECT_EQ(checked_product<std::size_t>({kSizeMax / 4 + 1, 4}), std::nullopt);
+}
+
+TEST(ReliabilityOverflow, ArenaRejectsByteCountsThatOverflow) {
+  Arena arena;
+  constexpr std::size_t kSizeMax = std::numeric_limits<std::size_t>::max();
+  EXPECT_THAT(error_of<InvalidArgument>([&] { arena.allocate<double>(kSizeMax / 8 + 1); }),
+              HasSubstr("Arena::allocate: 2305843009213693952 values of 8 bytes exceed the address space"));
+  // Rounding up to the 64-byte alignment must not wrap either.
+  EXPECT_THAT(error_of<InvalidArgument>([&] { arena.allocate<std::byte>(kSizeMax - 62); }),
+              HasSubstr("values of 1 bytes exceed the address space"));
+  // A negative Index converted to size_t (rows * d gone wrong upstream) is caught the same way.
+  EXPECT_THAT(error_of<InvalidArgument>([&] { arena.allocate<float>(static_cast<std::size_t>(Index{-64})); }),
+              HasSubstr("values of 4 bytes exceed the address space"));
+  EXPECT_EQ(arena.capacity(), 0u);
+  // Normal use afterwards.
+  float* p = arena.allocate<float>(100);
+  p[99] = 1.0f;
+  EXPECT_GE(arena.capacity(), 400u);
 }
 
 }  // namespace

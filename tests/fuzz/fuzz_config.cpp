@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ldlm/core/tensor.hpp"
 #include "ldlm/model/config.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -13,6 +14,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const ldlm::Config c = ldlm::Config::parse(std::string(reinterpret_cast<const char*>(data), size));
     // Whatever is accepted must be valid and survive a round trip unchanged.
     c.validate();
+    // The config bounds keep a batch of up to 2^20 sequences of max_positions
+    // (the widest activation rows) inside a 64-bit index.
+    if (!ldlm::checked_product<std::int64_t>({std::int64_t{1} << 20, c.max_positions, c.widest_row()})) __builtin_trap();
     if (ldlm::Config::parse(c.to_json().dump()).to_json() != c.to_json()) __builtin_trap();
   } catch (const ldlm::Error&) {
     // Rejected input: expected.

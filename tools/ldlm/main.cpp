@@ -408,7 +408,7 @@ const Command kGenerate{"generate",
                         "Sample latents with the denoiser (N Euler steps from pure noise, spec 5), decode\n"
                         "them and print the token ids, one line per sequence.",
                         {{"length", "T", "tokens per sequence (default 32)"},
-                         {"batch", "B", "number of sequences (default 1)"},
+                         {"batch", "B", "number of sequences, 1 to 65536 (default 1)"},
                          {"steps", "N", "denoiser steps (default 16)"},
                          {"seed", "S", "noise seed (default 0); the same seed and --threads give the same tokens"},
                          {"sampler", "sde|ode", "Euler SDE (default) or probability-flow ODE"},
@@ -455,7 +455,7 @@ int run_generate(const Args& args) {
   const auto weights = open_weights(args);
   const Config config = load_config(args, weights);
   const Index T = args.get_int("length", 32, 1);
-  const Index B = args.get_int("batch", 1, 1, 1 << 20);
+  const Index B = args.get_int("batch", 1, 1, 1 << 16);
   SamplerOptions options;
   options.steps = static_cast<int>(args.get_int("steps", 16, 1, 1 << 20));
   options.seed = args.get_uint("seed", 0);

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -21,7 +22,10 @@ namespace ldlm {
 
 /// A fixed set of worker threads. parallel_for hands tasks [0, n) to the workers
 /// and the calling thread, and returns when all are done. One caller at a time:
-/// concurrent parallel_for calls on one pool are serialised.
+/// concurrent parallel_for calls on one pool are serialised. A task that throws
+/// (a shape error, bad_alloc in a GEMM) stops the job: tasks not yet started are
+/// skipped, and the first exception is rethrown to the caller once no worker
+/// touches the job any more; the pool stays usable.
 class ThreadPool {
  public:
   explicit ThreadPool(int threads = 1) : size_(threads) {
@@ -43,6 +47,8 @@ class ThreadPool {
 
   /// Calls body(task, worker) for every task in [0, n); worker is in [0, size()).
   /// Tasks must write disjoint outputs; results then do not depend on scheduling.
+  /// If a task throws, the remaining tasks may be skipped and the first exception
+  /// is rethrown here after every worker has left `body`.
   template <class F>
   void parallel_for(Index n, F&& body) {
     if (n <= 0) return;
@@ -63,8 +69,15 @@ class ThreadPool {
     }
     wake_.notify_all();
     run_tasks(0);
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return busy_workers_ == 0; });
+    std::exception_ptr error;
+    {
+      // Always wait, also after a failure on this thread: the workers may still be
+      // inside body, which lives in the caller's frame.
+      std::unique_lock lock(mutex_);
+      done_.wait(lock, [this] { return busy_workers_ == 0; });
+      std::swap(error, error_);
+    }
+    if (error) std::rethrow_exception(error);
   }
 
  private:
@@ -74,10 +87,18 @@ class ThreadPool {
     Index n = 0;
   };
 
-  void run_tasks(int worker) {
-    for (Index i = next_.fetch_add(1, std::memory_order_relaxed); i < job_.n;
-         i = next_.fetch_add(1, std::memory_order_relaxed))
-      job_.fn(job_.ctx, i, worker);
+  /// Runs tasks until none is left. Never throws: the first exception of the job is
+  /// kept for the caller, and the tasks not yet handed out are skipped.
+  void run_tasks(int worker) noexcept {
+    try {
+      for (Index i = next_.fetch_add(1, std::memory_order_relaxed); i < job_.n;
+           i = next_.fetch_add(1, std::memory_order_relaxed))
+        job_.fn(job_.ctx, i, worker);
+    } catch (...) {
+      next_.store(job_.n, std::memory_order_relaxed);
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
   }
 
   void worker_loop(int worker) {
@@ -103,6 +124,7 @@ class ThreadPool {
   std::uint64_t generation_ = 0;
   int busy_workers_ = 0;
   bool stopping_ = false;
+  std::exception_ptr error_;  // the job's first exception, guarded by mutex_
   Job job_;
   std::atomic<Index> next_{0};
 };
@@ -135,14 +157,14 @@ class Arena {
   /// innermost open Scope closes.
   template <class T>
   T* allocate(std::size_t n) {
-    const std::size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+    const std::size_t bytes = rounded_bytes(n, sizeof(T));
     while (current_ < blocks_.size() && offset_ + bytes > blocks_[current_].size) {
       ++current_;
       offset_ = 0;
     }
     if (current_ == blocks_.size()) {
       const std::size_t last = blocks_.empty() ? 0 : blocks_.back().size;
-      blocks_.push_back(Block(std::max(bytes, 2 * last)));
+      blocks_.push_back(Block(std::max(bytes, last <= SIZE_MAX / 2 ? 2 * last : 0)));
       offset_ = 0;
     }
     std::byte* p = blocks_[current_].data.get() + offset_;
@@ -158,6 +180,17 @@ class Arena {
 
  private:
   static constexpr std::size_t kAlign = 64;
+
+  /// n · size rounded up to kAlign. A count computed from negative or huge extents
+  /// (an Index converted to size_t) is an error here, not a short block.
+  static std::size_t rounded_bytes(std::size_t n, std::size_t size) {
+    const auto bytes = checked_product<std::size_t>({n, size});
+    if (!bytes || *bytes > SIZE_MAX - (kAlign - 1))
+      throw InvalidArgument("Arena::allocate: " + std::to_string(n) + " values of " + std::to_string(size) +
+                            " bytes exceed the address space");
+    return (*bytes + kAlign - 1) / kAlign * kAlign;
+  }
+
   struct Deleter {
     void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(kAlign)); }
   };

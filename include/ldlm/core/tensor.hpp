@@ -8,6 +8,11 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "ldlm/core/error.hpp"
 
@@ -51,6 +56,29 @@ template <class S>
 using MatRef = Eigen::Ref<Matrix<S>, 0, Eigen::OuterStride<>>;
 template <class S>
 using ConstMatRef = Eigen::Ref<const Matrix<S>, 0, Eigen::OuterStride<>>;
+
+/// The product of `factors`, or nullopt when a factor is negative or the product
+/// does not fit in I: for sizes formed from caller-supplied extents (a batch
+/// size, an arena byte count) before anything is allocated.
+template <class I>
+std::optional<I> checked_product(std::initializer_list<I> factors) {
+  I product = 1;
+  for (const I f : factors) {
+    if constexpr (std::is_signed_v<I>)
+      if (f < 0) return std::nullopt;
+    if (__builtin_mul_overflow(product, f, &product)) return std::nullopt;
+  }
+  return product;
+}
+
+/// B for a [rows, cols] matrix holding B whole sequences of T rows (row = b*T + t);
+/// ShapeError naming `where` and `tensor` when T < 1 or T does not divide rows.
+inline Index sequence_count(std::string_view where, std::string_view tensor, Index rows, Index cols, Index T) {
+  if (T < 1 || rows % T != 0)
+    throw ShapeError(std::string(where) + ": " + std::string(tensor) + " " + shape_string(Shape{rows, cols}) +
+                     " is not a whole number of sequences of T = " + std::to_string(T) + " rows");
+  return rows / T;
+}
 
 template <class S, int Rank>
 Shape shape_of(const Tensor<S, Rank>& t) {

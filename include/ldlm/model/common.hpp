@@ -6,18 +6,31 @@
 
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/tensor.hpp"
+#include "ldlm/model/config.hpp"
 
 namespace ldlm {
 
-/// Validates an activation [B, T, d]: rank, feature width, 1 <= T <= max_positions, B >= 1.
+/// Throws E unless B sequences of T positions fit the widest rows the modules hold
+/// (Config::widest_row) in a 64-bit index. With T <= max_positions, only a huge
+/// B can fail; this is checked before B·T·width is formed anywhere.
+template <class E = ShapeError>
+void check_batch_fits(std::string_view module, Index B, Index T, const Config& c) {
+  if (!checked_product<Index>({B, T, c.widest_row()}))
+    throw E(std::string(module) + ": a batch of B = " + std::to_string(B) + " sequences of T = " + std::to_string(T) +
+            " is too large: its [B, T, " + std::to_string(c.widest_row()) +
+            "] activations have more elements than a 64-bit index can count");
+}
+
+/// Validates an activation [B, T, d]: rank, feature width d_model, 1 <= T <= max_positions,
+/// B >= 1, and a batch whose activations fit (check_batch_fits).
 template <class S>
-void check_activation(std::string_view module, std::string_view tensor, const Tensor3<S>& x, Index d,
-                      Index max_positions) {
-  check_shape(module, tensor, {-1, -1, d}, shape_of(x));
-  if (x.dimension(0) < 1 || x.dimension(1) < 1 || x.dimension(1) > max_positions)
+void check_activation(std::string_view module, std::string_view tensor, const Tensor3<S>& x, const Config& c) {
+  check_shape(module, tensor, {-1, -1, c.d_model}, shape_of(x));
+  if (x.dimension(0) < 1 || x.dimension(1) < 1 || x.dimension(1) > c.max_positions)
     throw ShapeError(std::string(module) + ": tensor '" + std::string(tensor) + "' has shape " +
                      shape_string(shape_of(x)) + "; need B >= 1 and 1 <= T <= max_positions = " +
-                     std::to_string(max_positions));
+                     std::to_string(c.max_positions));
+  check_batch_fits(module, x.dimension(0), x.dimension(1), c);
 }
 
 /// With Context::check_finite set, throws NumericError at the first NaN/Inf.

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "ldlm/core/error.hpp"
 
@@ -85,6 +87,26 @@ struct Config {
     f("beta_t_clip", c.beta_t_clip);
   }
 
+  /// The largest value validate() accepts for an integer key: far beyond any
+  /// published model, and small enough that every per-sequence product the modules
+  /// form (T times the widest row, at most 2^42) and every parameter count (below
+  /// 2^52) fits a 64-bit index with room to spare. Only the batch size B is then
+  /// left to overflow, and it is checked where it is known (check_batch_fits).
+  static std::int64_t max_value(std::string_view key) {
+    if (key == "d_model" || key == "n_heads" || key == "head_dim") return std::int64_t{1} << 16;
+    if (key == "mlp_mult") return 64;
+    if (key == "max_positions") return std::int64_t{1} << 20;
+    if (key == "vocab_size" || key == "token_decoder_mlp_hidden") return std::int64_t{1} << 22;
+    return 1024;  // layer and block counts
+  }
+
+  /// The widest row any module holds per position (or per sequence): 6d for the
+  /// adaLN output, 4d for the latent attention's keys and values over both streams,
+  /// the MLP hidden widths and the vocabulary. At most 2^22 in a valid config.
+  std::int64_t widest_row() const {
+    return std::max({6 * d_model, mlp_hidden(), token_decoder_mlp_hidden, vocab_size});
+  }
+
   /// Throws ConfigError naming the first key whose value is out of range or
   /// inconsistent with the others.
   void validate() const {
@@ -94,7 +116,7 @@ struct Config {
       if constexpr (std::is_same_v<V, std::int64_t>) {
         const bool may_be_zero = std::string(key).ends_with("_layers") || std::string(key) == "denoiser_blocks";
         if (v < (may_be_zero ? 0 : 1)) fail(key, "must be " + std::string(may_be_zero ? ">= 0" : ">= 1") + ", got " + std::to_string(v));
-        if (v > (std::int64_t{1} << 24)) fail(key, "is implausibly large: " + std::to_string(v));
+        if (v > max_value(key)) fail(key, "must be <= " + std::to_string(max_value(key)) + ", got " + std::to_string(v));
       } else if constexpr (std::is_same_v<V, double>) {
         if (!std::isfinite(v) || v < 0) fail(key, "must be a finite number >= 0, got " + nlohmann::json(v).dump());
       }
@@ -165,11 +187,18 @@ struct Config {
     // hostile input (a million '[') from recursing through the parser or the
     // destructor, and a repeated key is refused rather than silently overwritten.
     std::set<std::string> seen;
+    std::string key;  // the top-level key whose value is being parsed
     auto flat = [&](int depth, json::parse_event_t event, json& value) {
       if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth > 0)
-        throw ConfigError("config " + origin + ": nested objects and arrays are not allowed");
-      if (event == json::parse_event_t::key && depth == 1 && !seen.insert(value.get<std::string>()).second)
-        throw ConfigError("config " + origin + ": duplicate key '" + value.get<std::string>() + "'");
+        throw ConfigError("config " + origin + ": " + (key.empty() ? "" : "'" + key + "' must be a number or a boolean, ") +
+                          "got a nested JSON " + (event == json::parse_event_t::array_start ? "array" : "object") +
+                          " (nested objects and arrays are not allowed)");
+      if (event == json::parse_event_t::key && depth == 1) {
+        key = value.get<std::string>();
+        if (key.size() > 64) key = key.substr(0, 64) + "...";
+        if (!seen.insert(value.get<std::string>()).second)
+          throw ConfigError("config " + origin + ": duplicate key '" + key + "'");
+      }
       return true;
     };
     json j;

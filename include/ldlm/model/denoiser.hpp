@@ -136,7 +136,7 @@ class Denoiser {
 
   /// Tensor form: x_t, self_cond [B, T, d]; t [B] finite. Returns x̂0 [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& x_t, const Tensor1<S>& t, const Tensor3<S>& self_cond) const {
-    check_activation("denoiser", "x_t", x_t, config.d_model, config.max_positions);
+    check_activation("denoiser", "x_t", x_t, config);
     const Index B = x_t.dimension(0), T = x_t.dimension(1);
     check_shape("denoiser", "self_cond", {B, T, config.d_model}, shape_of(self_cond));
     check_shape("denoiser", "t", {B}, shape_of(t));

@@ -89,6 +89,7 @@ class GPT2Features {
     if (B < 1 || T < 1 || T > config.max_positions)
       throw ShapeError("feature_model: tensor 'tokens' has shape " + shape_string(shape_of(tokens)) +
                        "; need B >= 1 and 1 <= T <= max_positions = " + std::to_string(config.max_positions));
+    check_batch_fits("feature_model", B, T, config);
     for (Index i = 0; i < tokens.size(); ++i)
       if (tokens.data()[i] < 0 || tokens.data()[i] >= config.vocab_size)
         throw InvalidArgument("feature_model: tensor 'tokens' has id " + std::to_string(tokens.data()[i]) +

@@ -17,6 +17,7 @@ S position_scale(Index d) {
 /// x[b*T + t] += E[t] · d^-1/2 for every batch b: the scaled absolute positions.
 template <class S>
 void add_positions(Context& ctx, ConstMatRef<S> table, Index T, MatRef<S> x) {
+  sequence_count("add_positions", "x", x.rows(), x.cols(), T);
   if (T > table.rows() || table.cols() != x.cols())
     throw ShapeError("add_positions: position table " + shape_string(Shape{table.rows(), table.cols()}) +
                      " cannot serve T = " + std::to_string(T) + " with " + std::to_string(x.cols()) + " features");

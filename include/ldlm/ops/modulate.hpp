@@ -3,6 +3,9 @@
 // column blocks of the adaLN output.
 #pragma once
 
+#include <array>
+#include <cstdint>
+
 #include "ldlm/ops/norm.hpp"
 
 namespace ldlm {
@@ -15,13 +18,17 @@ void modulate_row(const S* x, const S* shift, const S* scale, Index n, S* y) {
   RowVectorMap<S>(y, n) = x_row.cwiseProduct((scale_row.array() + S(1)).matrix()) + shift_row;
 }
 
+/// [rows, cols] of a matrix for check_shape, without the heap allocation of a
+/// Shape: these checks run on every call, inside the allocation-free sampling loop.
+template <class M>
+std::array<std::int64_t, 2> extents(const M& m) {
+  return {m.rows(), m.cols()};
+}
+
 inline void check_modulate_shapes(const char* op, Index rows, Index d, Index T, Index shift_rows, Index shift_cols,
                                   Index scale_rows, Index scale_cols, Index y_rows, Index y_cols) {
   const auto shape = [](Index r, Index c) { return shape_string(Shape{r, c}); };
-  if (T <= 0 || rows % T != 0)
-    throw ShapeError(std::string(op) + ": x " + shape(rows, d) + " is not a whole number of sequences of T = " +
-                     std::to_string(T) + " rows");
-  const Index B = rows / T;
+  const Index B = sequence_count(op, "x", rows, d, T);
   if (shift_rows != B || scale_rows != B || shift_cols != d || scale_cols != d)
     throw ShapeError(std::string(op) + ": x " + shape(rows, d) + " with T = " + std::to_string(T) +
                      " needs shift and scale " + shape(B, d) + ", got " + shape(shift_rows, shift_cols) + " and " +
@@ -59,15 +66,20 @@ void layer_norm_modulate(Context& ctx, ConstMatRef<S> x, const S* gamma, float e
   });
 }
 
-/// residual += gate[b] ⊙ x (dropout is the identity at inference).
+/// residual += gate[b] ⊙ x (dropout is the identity at inference). residual must
+/// not alias x or gate.
 template <class S>
 void gated_residual_add(Context& ctx, MatRef<S> residual, ConstMatRef<S> gate, ConstMatRef<S> x, Index T) {
+  const Index B = sequence_count("gated_residual_add", "x", x.rows(), x.cols(), T);
+  check_shape("gated_residual_add", "gate", {B, x.cols()}, detail::extents(gate));
+  check_shape("gated_residual_add", "residual", {x.rows(), x.cols()}, detail::extents(residual));
   for_each_row(ctx, x.rows(), [&](Index r) { residual.row(r) += gate.row(r / T).cwiseProduct(x.row(r)); });
 }
 
 /// ScaleMask with every position masked (m = 1): y = x · (1 + w + b). y may alias x.
 template <class S>
 void scale_mask(Context& ctx, ConstMatRef<S> x, S w, S b, MatRef<S> y) {
+  check_shape("scale_mask", "y", {x.rows(), x.cols()}, detail::extents(y));
   const S factor = S(1) + w * S(1) + b;
   for_each_row(ctx, x.rows(), [&](Index r) { y.row(r) = x.row(r) * factor; });
 }

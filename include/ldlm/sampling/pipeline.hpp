@@ -8,6 +8,8 @@
 // feature_model and encoder.
 #pragma once
 
+#include <cmath>
+
 #include "ldlm/model/model.hpp"
 #include "ldlm/sampling/sampler.hpp"
 
@@ -29,13 +31,14 @@ struct Reconstruction {
   TokenTensor tokens;   // [B, T]
 };
 
-/// Row-wise argmax of logits [rows, V] into ids; ties go to the lowest id, like torch.argmax.
+/// Row-wise argmax of logits [rows, V] into ids, as torch.argmax: ties go to the
+/// lowest id, and NaN counts as the maximum (the first NaN of a row wins).
 template <class S>
 void argmax_rows(ConstMatRef<S> logits, std::int64_t* ids) {
   for (Index r = 0; r < logits.rows(); ++r) {
     Index best = 0;
-    for (Index v = 1; v < logits.cols(); ++v)
-      if (logits(r, v) > logits(r, best)) best = v;
+    for (Index v = 1; v < logits.cols() && !std::isnan(logits(r, best)); ++v)
+      if (std::isnan(logits(r, v)) || logits(r, v) > logits(r, best)) best = v;
     ids[r] = static_cast<std::int64_t>(best);
   }
 }

@@ -123,13 +123,15 @@ void euler_step(SamplerKind kind, const TangentSchedule& schedule, double t, dou
   }
 }
 
-/// Throws InvalidArgument unless B >= 1, 1 <= T <= max_positions, steps >= 1 and D > 0.
+/// Throws InvalidArgument unless B >= 1, 1 <= T <= max_positions, the batch fits
+/// (check_batch_fits), steps >= 1 and D > 0.
 inline void check_sampling_arguments(std::string_view op, const Config& c, Index B, Index T, int steps) {
   const std::string where(op);
   if (B < 1) throw InvalidArgument(where + ": batch size B must be >= 1, got " + std::to_string(B));
   if (T < 1 || T > c.max_positions)
     throw InvalidArgument(where + ": length T must be in [1, max_positions = " + std::to_string(c.max_positions) +
                           "], got " + std::to_string(T));
+  check_batch_fits<InvalidArgument>(op, B, T, c);
   if (steps < 1) throw InvalidArgument(where + ": steps must be >= 1, got " + std::to_string(steps));
   // σ = 0 for every t when D = 0, and the score divides by σ².
   if (!(c.schedule_d > 0))
