@@ -1,6 +1,8 @@
 // Writes tests/data/tokenizer/tiktoken_gpt2.json: texts and the ids that OpenAI's
 // tiktoken (npm `tiktoken`, the WASM build of the Rust original; `gpt2` encoding,
 // encode_ordinary) gives them. ldlm's tokenizer tests compare against it without node.
+// Also the expected outputs of the CLI tests in tests/cli/data: the ids of
+// tokenizer_sample.txt and the bytes of ids that end inside a character.
 //   cd tools/reference/tokenizer && npm ci && node generate.mjs
 // Deterministic: fixed seeds, no timestamps; rerunning gives the same file.
 import { writeFileSync, readFileSync } from "node:fs";
@@ -8,7 +10,8 @@ import { fileURLToPath } from "node:url";
 import { get_encoding } from "tiktoken";
 
 const here = fileURLToPath(new URL(".", import.meta.url));
-const out = `${here}../../../tests/data/tokenizer/tiktoken_gpt2.json`;
+const tests = `${here}../../../tests`;
+const out = `${tests}/data/tokenizer/tiktoken_gpt2.json`;
 const tiktokenVersion = JSON.parse(readFileSync(`${here}node_modules/tiktoken/package.json`, "utf8")).version;
 
 // mulberry32: a small seeded generator, so the random cases never change.
@@ -117,6 +120,9 @@ add("long nbsp", "\u00a0".repeat(3000) + "x");
 }
 
 const enc = get_encoding("gpt2");
+const sample = readFileSync(`${tests}/cli/data/tokenizer_sample.txt`, "utf8");
+writeFileSync(`${tests}/cli/data/tokenizer_sample.ids`, Array.from(enc.encode_ordinary(sample)).join(" ") + "\n");
+writeFileSync(`${tests}/cli/data/detokenize_cut.bin`, enc.decode(new Uint32Array([40, 2067, 12520, 247])));
 const data = {
   source: "tools/reference/tokenizer/generate.mjs",
   reference: `npm tiktoken ${tiktokenVersion}, get_encoding("gpt2").encode_ordinary`,
@@ -128,4 +134,4 @@ const body = data.cases.map((c) => "    " + JSON.stringify(c)).join(",\n");
 writeFileSync(out, `{\n  "source": ${JSON.stringify(data.source)},\n  "reference": ${JSON.stringify(data.reference)},\n` +
   `  "cases": [\n${body}\n  ]\n}\n`);
 const ids = data.cases.reduce((n, c) => n + c.ids.length, 0);
-console.log(`wrote ${out}: ${data.cases.length} cases, ${ids} ids`);
+console.log(`wrote tests/data/tokenizer/tiktoken_gpt2.json (${data.cases.length} cases, ${ids} ids) and tests/cli/data`);
