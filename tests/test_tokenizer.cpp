@@ -73,15 +73,26 @@ TEST(TokenizerParity, MatchesTiktokenOnEveryCase) {
 }
 
 // tiktoken counts a character as white space by Unicode's White_Space property (Rust's
-// \s). PCRE2's \s also matches U+180E, and JavaScript's \s (the pure-JS ports) matches
-// U+FEFF but not U+0085. The corpus holds every such character in many contexts; these
-// few lines show the rule.
+// \s). PCRE2's \s also matches U+180E; JavaScript's \s (the pure-JS ports) matches
+// U+FEFF but not U+0085. "a  Xb" shows the rule: before a space character X the two
+// spaces stay one run ("a", "  ", X, "b" -> 220 220), before anything else the second
+// space joins X (" X").
 TEST(TokenizerParity, WhiteSpaceIsUnicodesProperty) {
-  EXPECT_EQ(gpt2().encode("a\xe1\xa0\x8e b"), (Ids{64, 157, 254, 236, 275}));         // U+180E is not a space
-  EXPECT_EQ(gpt2().encode("a \xe1\xa0\x8e b"), (Ids{64, 28053, 254, 236, 275}));      // so " \u180E" is one piece
-  EXPECT_EQ(gpt2().encode("a  \xc2\x85" "b"), (Ids{64, 220, 220, 126, 227, 65}));      // U+0085 is a space
-  EXPECT_EQ(gpt2().encode("\n\n\xef\xbb\xbf"), (Ids{198, 198, 171, 119, 123}));      // U+FEFF is not
-  EXPECT_EQ(gpt2().encode("a \xe2\x80\x8b b"), (Ids{64, 20126, 275}));                 // nor is U+200B
+  const struct {
+    const char* character;
+    Ids ids;
+  } cases[] = {
+      {"\xc2\x85", {64, 220, 220, 126, 227, 65}},          // U+0085 NEL: white space
+      {"\xc2\xa0", {64, 220, 220, 1849, 65}},              // U+00A0 NBSP: white space
+      {"\xe2\x80\xa8", {64, 220, 220, 447, 101, 65}},      // U+2028: white space
+      {"\xe3\x80\x80", {64, 220, 220, 5099, 222, 65}},     // U+3000: white space
+      {"\xe1\xa0\x8e", {64, 220, 28053, 254, 236, 65}},    // U+180E: not (since Unicode 6.3)
+      {"\xef\xbb\xbf", {64, 220, 27332, 119, 123, 65}},    // U+FEFF: not
+      {"\xe2\x80\x8b", {64, 220, 20126, 65}},              // U+200B: not
+  };
+  for (const auto& c : cases)
+    EXPECT_EQ(gpt2().encode(std::string("a  ") + c.character + "b"), c.ids) << detail::tok::quote(c.character);
+  EXPECT_EQ(gpt2().encode("\n\n\xef\xbb\xbf"), (Ids{198, 198, 171, 119, 123}));
 }
 
 TEST(Tokenizer, SpecialTokensAndSizes) {

@@ -34,6 +34,7 @@ add("english", "Hello world! The quick brown fox jumps over the lazy dog. GPT-2 
 add("contractions lower", "it's I'm we'll they've you're he'd don't can't 'tis rock'n'roll");
 add("contractions upper", "IT'S I'M WE'LL THEY'VE YOU'RE HE'D DON'T CAN'T");
 add("contractions mixed", "It'S We'Ll They'Ve You'rE 'S'LL'Re'RE'VE'Ve'D'M'T's'll're've'd'm't");
+add("apostrophe before capitals", "O'Reilly D'Arcy 'Sam 'Tis 'Dave 'Mike 'LLama 'REally 'VEry 'Don O'Malley");
 add("contractions alone", "'s 's'd ''s '''ll ' s 'x 'sup");
 add("curly apostrophe", "it\u2019s we\u2019ll \u2018quoted\u2019");
 add("digits", "0 1 12 123 1234 12345 123456 1234567890 3.14159 1,000,000 2024-05-13 x2y3 v1.2.3");
@@ -73,7 +74,7 @@ for (const code of spaces) {
   const x = cp(code);
   const hex = code.toString(16).toUpperCase().padStart(4, "0");
   add(`space U+${hex}`, [`a${x}b`, `a${x}${x}b`, `a ${x}b`, `a${x} b`, `${x}a`, `a${x}`, x, `${x}${x}${x}`, `\n\n${x}`,
-    `${x}\n\n`, `${x} a`, `1${x}2`, `!${x}?`, `a ${x} b`, `a  ${x}${x}  b`, `'s${x}`, `\t${x}\t`, `\r\n${x}\r\n`,
+    `${x}\n\n`, `${x} a`, `a  ${x}b`, `1${x}2`, `!${x}?`, `a ${x} b`, `a  ${x}${x}  b`, `'s${x}`, `\t${x}\t`, `\r\n${x}\r\n`,
     `${x}\u00a0${x}`].join("|"));
 }
 
