@@ -5,7 +5,7 @@
 //   nn/       modules owning named parameters (Linear, norms, FFNs, attention)
 //   model/    the configuration and the five LDLM modules
 //   sampling/ the diffusion schedule, the sampler and the end-to-end pipeline
-//   io/       safetensors reading/writing and checkpoint loading
+//   io/       safetensors reading/writing, checkpoint loading, GPT-2's tokenizer
 #pragma once
 
 #include "ldlm/core/context.hpp"
@@ -20,3 +20,4 @@
 #include "ldlm/sampling/schedule.hpp"
 #include "ldlm/io/checkpoint.hpp"
 #include "ldlm/io/safetensors.hpp"
+#include "ldlm/io/tokenizer.hpp"
