@@ -157,6 +157,8 @@ TEST(Tokenizer, DecodeRejectsIdsOutsideTheVocabulary) {
     EXPECT_THAT(error_of<InvalidArgument>([&] { gpt2().decode(ids); }),
                 HasSubstr("Tokenizer::decode: id " + std::to_string(bad) +
                           " at position 2 is outside the vocabulary [0, 50259)"));
+    EXPECT_THAT(error_of<InvalidArgument>([&] { gpt2().token(bad); }),
+                HasSubstr("Tokenizer::token: id " + std::to_string(bad) + " is outside the vocabulary [0, 50259)"));
   }
 }
 

@@ -43,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <queue>
 #include <set>
@@ -643,21 +644,83 @@ inline MergeList parse_merges_json(const Source& src, const nlohmann::json& merg
   out.items.reserve(merges.size());
   for (std::size_t i = 0; i < merges.size(); ++i) {
     const auto& m = merges[i];
-    const std::string where = "model.merges[" + std::to_string(i) + "]";
+    const auto fail = [&](const std::string& what) { src.fail("model.merges[" + std::to_string(i) + "]", what); };
     MergeText t{{}, {}, i};
     if (m.is_string()) {
       if (!split_merge(m.get_ref<const std::string&>(), t))
-        src.fail(where, "expected 'LEFT RIGHT' (two tokens and one space), found " + quote(m.get_ref<const std::string&>()));
+        fail("expected 'LEFT RIGHT' (two tokens and one space), found " + quote(m.get_ref<const std::string&>()));
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string() &&
                !m[0].get_ref<const std::string&>().empty() && !m[1].get_ref<const std::string&>().empty()) {
       t.left = m[0].get_ref<const std::string&>();
       t.right = m[1].get_ref<const std::string&>();
     } else {
-      src.fail(where, "expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"] (non-empty), found " + json_summary(m));
+      fail("expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"] (non-empty), found " + json_summary(m));
     }
     out.items.push_back(t);
   }
   return out;
+}
+
+/// obj[key], or an error naming `where` and the key.
+inline const nlohmann::json& member(const Source& src, const nlohmann::json& obj, const char* key,
+                                    const std::string& where) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) src.fail(where, std::string("missing key '") + key + "'");
+  return *it;
+}
+
+/// tokenizer.json's "model", after checking that the file describes GPT-2's kind of
+/// tokenizer: a BPE model, no normalizer, a ByteLevel pre-tokenizer without a prefix space.
+inline const nlohmann::json& byte_level_bpe_model(const Source& src, const nlohmann::json& root) {
+  using nlohmann::json;
+  if (!root.is_object()) src.fail("", "expected a JSON object, found " + json_summary(root));
+  const json& model = member(src, root, "model", "");
+  if (!model.is_object()) src.fail("model", "expected an object, found " + json_summary(model));
+  if (const auto t = model.find("type"); t != model.end() && *t != "BPE")
+    src.fail("model.type", "expected \"BPE\", found " + json_summary(*t));
+  if (const auto n = root.find("normalizer"); n != root.end() && !n->is_null())
+    src.fail("normalizer", "expected null (GPT-2 does not normalize text), found " + json_summary(*n));
+  if (const auto p = root.find("pre_tokenizer"); p != root.end() && !p->is_null()) {
+    if (!p->is_object() || p->value("type", json()) != "ByteLevel")
+      src.fail("pre_tokenizer", "expected {\"type\": \"ByteLevel\"} (GPT-2's pre-tokenization), found " + json_summary(*p));
+    if (p->value("add_prefix_space", json(false)) != false)
+      src.fail("pre_tokenizer.add_prefix_space", "expected false (GPT-2 adds no space before the text)");
+    if (p->value("use_regex", json(true)) != true)
+      src.fail("pre_tokenizer.use_regex", "expected true (GPT-2's pattern splits the text)");
+  }
+  return model;
+}
+
+inline VocabEntries vocab_entries(const Source& src, const nlohmann::json& model) {
+  const nlohmann::json& vocab = member(src, model, "vocab", "model");
+  if (!vocab.is_object()) src.fail("model.vocab", "expected an object of token -> id, found " + json_summary(vocab));
+  VocabEntries entries;
+  entries.reserve(vocab.size());
+  for (const auto& [token, id] : vocab.items()) entries.emplace_back(token, id);
+  return entries;
+}
+
+/// tokenizer.json's added_tokens must be tokens of the vocabulary already (GPT-2's
+/// <|endoftext|>): ldlm's own added tokens, pad and mask, follow the vocabulary.
+inline void check_added_tokens(const Source& src, const nlohmann::json& root, const std::vector<std::string>& tokens) {
+  const auto added = root.find("added_tokens");
+  if (added == root.end() || added->is_null()) return;
+  if (!added->is_array()) src.fail("added_tokens", "expected an array, found " + json_summary(*added));
+  for (std::size_t i = 0; i < added->size(); ++i) {
+    const nlohmann::json& t = (*added)[i];
+    const std::string where = "added_tokens[" + std::to_string(i) + "]";
+    if (!t.is_object() || !t.contains("id") || !t.contains("content") || !t["id"].is_number_unsigned() ||
+        !t["content"].is_string())
+      src.fail(where, "expected an object with an unsigned \"id\" and a string \"content\", found " + json_summary(t));
+    const auto id = t["id"].get<std::uint64_t>();
+    const auto& content = t["content"].get_ref<const std::string&>();
+    if (id >= tokens.size())
+      src.fail(where, "id " + std::to_string(id) + " (" + quote(content) + ") is not in model.vocab of " +
+                          std::to_string(tokens.size()) + " tokens; ldlm adds only pad and mask after the vocabulary");
+    if (tokens[id] != content)
+      src.fail(where, "content " + quote(content) + " differs from model.vocab's token " + std::to_string(id) + ", " +
+                          quote(tokens[id]));
+  }
 }
 
 }  // namespace detail::tok
@@ -678,10 +741,11 @@ class Tokenizer {
     const fs::path root(dir);
     auto exists = [&](const char* name) { return fs::exists(root / name, ec); };
     for (const auto& [vocab, merges] : {std::pair{"encoder.json", "vocab.bpe"}, std::pair{"vocab.json", "merges.txt"}}) {
-      if (!exists(vocab) && !exists(merges)) continue;
-      const std::string missing = exists(vocab) ? merges : vocab;
-      if (!exists(vocab) || !exists(merges))
-        throw IoError("tokenizer: '" + dir + "' has " + (exists(vocab) ? vocab : merges) + " but no " + missing);
+      const bool has_vocab = exists(vocab), has_merges = exists(merges);
+      if (!has_vocab && !has_merges) continue;
+      if (!has_vocab || !has_merges)
+        throw IoError("tokenizer: '" + dir + "' has " + (has_vocab ? vocab : merges) + " but no " +
+                      (has_vocab ? merges : vocab));
       const std::string v = detail::tok::read_file(root / vocab), m = detail::tok::read_file(root / merges);
       return from_vocab_and_merges(v, m, (root / vocab).string(), (root / merges).string());
     }
@@ -703,57 +767,12 @@ class Tokenizer {
 
   /// From the text of a Hugging Face tokenizer.json whose model is GPT-2-style byte-level BPE.
   static Tokenizer from_tokenizer_json(std::string_view text, const std::string& name = "tokenizer.json") {
-    using nlohmann::json;
     const detail::tok::Source src{name, text};
-    const json root = detail::tok::parse_json(src);
-    if (!root.is_object()) src.fail("", "expected a JSON object, found " + detail::tok::json_summary(root));
-    const auto member = [&](const json& obj, const char* key, const std::string& where) -> const json* {
-      const auto it = obj.find(key);
-      if (it == obj.end()) src.fail(where, std::string("missing key '") + key + "'");
-      return &*it;
-    };
-    const json& model = *member(root, "model", "");
-    if (!model.is_object()) src.fail("model", "expected an object, found " + detail::tok::json_summary(model));
-    if (const auto t = model.find("type"); t != model.end() && *t != "BPE")
-      src.fail("model.type", "expected \"BPE\", found " + detail::tok::json_summary(*t));
-    if (const auto n = root.find("normalizer"); n != root.end() && !n->is_null())
-      src.fail("normalizer", "expected null (GPT-2 does not normalize text), found " + detail::tok::json_summary(*n));
-    if (const auto p = root.find("pre_tokenizer"); p != root.end() && !p->is_null()) {
-      if (!p->is_object() || p->value("type", json()) != "ByteLevel")
-        src.fail("pre_tokenizer", "expected {\"type\": \"ByteLevel\"} (GPT-2's pre-tokenization), found " +
-                                      detail::tok::json_summary(*p));
-      if (p->value("add_prefix_space", json(false)) != false)
-        src.fail("pre_tokenizer.add_prefix_space", "expected false (GPT-2 adds no space before the text)");
-      if (p->value("use_regex", json(true)) != true)
-        src.fail("pre_tokenizer.use_regex", "expected true (GPT-2's pattern splits the text)");
-    }
-    const json& vocab = *member(model, "vocab", "model");
-    if (!vocab.is_object()) src.fail("model.vocab", "expected an object of token -> id, found " + detail::tok::json_summary(vocab));
-    detail::tok::VocabEntries entries;
-    entries.reserve(vocab.size());
-    for (const auto& [token, id] : vocab.items()) entries.emplace_back(token, id);
-    auto tokens = detail::tok::parse_vocab(src, entries, "model.vocab");
-    auto merges = detail::tok::parse_merges_json(src, *member(model, "merges", "model"));
-    if (const auto added = root.find("added_tokens"); added != root.end() && !added->is_null()) {
-      if (!added->is_array()) src.fail("added_tokens", "expected an array, found " + detail::tok::json_summary(*added));
-      for (std::size_t i = 0; i < added->size(); ++i) {
-        const json& t = (*added)[i];
-        const std::string where = "added_tokens[" + std::to_string(i) + "]";
-        if (!t.is_object() || !t.contains("id") || !t.contains("content") || !t["id"].is_number_unsigned() ||
-            !t["content"].is_string())
-          src.fail(where, "expected an object with an unsigned \"id\" and a string \"content\", found " +
-                              detail::tok::json_summary(t));
-        const auto id = t["id"].get<std::uint64_t>();
-        const auto& content = t["content"].get_ref<const std::string&>();
-        if (id >= tokens.size())
-          src.fail(where, "id " + std::to_string(id) + " (" + detail::tok::quote(content) +
-                              ") is not in model.vocab of " + std::to_string(tokens.size()) +
-                              " tokens; ldlm adds only pad and mask after the vocabulary");
-        if (tokens[id] != content)
-          src.fail(where, "content " + detail::tok::quote(content) + " differs from model.vocab's token " +
-                              std::to_string(id) + ", " + detail::tok::quote(tokens[id]));
-      }
-    }
+    const nlohmann::json root = detail::tok::parse_json(src);
+    const nlohmann::json& model = detail::tok::byte_level_bpe_model(src, root);
+    auto tokens = detail::tok::parse_vocab(src, detail::tok::vocab_entries(src, model), "model.vocab");
+    const auto merges = detail::tok::parse_merges_json(src, detail::tok::member(src, model, "merges", "model"));
+    detail::tok::check_added_tokens(src, root, tokens);
     return Tokenizer(std::move(tokens), merges, src, src, "model.vocab");
   }
 
@@ -780,22 +799,19 @@ class Tokenizer {
   std::string decode(std::span<const std::int64_t> ids) const {
     std::size_t total = 0;
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] < 0 || ids[i] >= vocab_size())
-        throw InvalidArgument("Tokenizer::decode: id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                              " is outside the vocabulary [0, " + std::to_string(vocab_size()) + ")");
-      total += token(ids[i]).size();
+      if (!in_vocabulary(ids[i])) outside_vocabulary("decode", ids[i], " at position " + std::to_string(i));
+      total += bytes_of(ids[i]).size();
     }
     std::string out;
     out.reserve(total);
-    for (const std::int64_t id : ids) out += token(id);
+    for (const std::int64_t id : ids) out += bytes_of(id);
     return out;
   }
 
-  /// The bytes of one token ("<|pad|>" and "<|mask|>" for the added tokens); id must be in range.
+  /// The bytes of one token ("<|pad|>" and "<|mask|>" for the added tokens).
   std::string_view token(std::int64_t id) const {
-    const auto& d = *data_;
-    return std::string_view(d.arena).substr(d.offsets[static_cast<std::size_t>(id)],
-                                            d.offsets[static_cast<std::size_t>(id) + 1] - d.offsets[static_cast<std::size_t>(id)]);
+    if (!in_vocabulary(id)) outside_vocabulary("token", id, "");
+    return bytes_of(id);
   }
 
   /// Tokens of the files plus pad and mask: 50259 for GPT-2.
@@ -804,6 +820,19 @@ class Tokenizer {
   std::int64_t mask_id() const { return vocab_size() - 1; }
 
  private:
+  bool in_vocabulary(std::int64_t id) const { return id >= 0 && id < vocab_size(); }
+
+  [[noreturn]] void outside_vocabulary(const char* function, std::int64_t id, const std::string& where) const {
+    throw InvalidArgument(std::string("Tokenizer::") + function + ": id " + std::to_string(id) + where +
+                          " is outside the vocabulary [0, " + std::to_string(vocab_size()) + ")");
+  }
+
+  std::string_view bytes_of(std::int64_t id) const {
+    const auto& d = *data_;
+    const auto i = static_cast<std::size_t>(id);
+    return std::string_view(d.arena).substr(d.offsets[i], d.offsets[i + 1] - d.offsets[i]);
+  }
+
   struct Data {
     std::string arena;                    // the bytes of every token, in id order
     std::vector<std::uint32_t> offsets;   // token id spans arena[offsets[id], offsets[id + 1])
