@@ -1,8 +1,9 @@
 // Measures tiktoken's gpt2 encoding (the npm WASM build of OpenAI's Rust tokenizer) on
 // one UTF-8 file, to compare with ldlm's BM_TokenizerEncode on the same file.
 //   npm ci && node bench_tiktoken.mjs TEXT_FILE [--repeat N] [--ids OUT]
-// Prints bytes, tokens and MB/s (1 MB = 1e6 bytes) of each run; --ids writes the ids,
-// one line, for a parity check against `ldlm tokenize`.
+// Prints bytes, tokens and MB/s (1 MB = 1e6 bytes) of each run, by wall time and by the
+// process's CPU time (less sensitive to other load on the machine); --ids writes the
+// ids, one line, for a parity check against `ldlm tokenize`.
 import { readFileSync, writeFileSync } from "node:fs";
 import { get_encoding } from "tiktoken";
 
@@ -23,10 +24,14 @@ const enc = get_encoding("gpt2");
 let ids;
 for (let r = 0; r < repeat; ++r) {
   const start = process.hrtime.bigint();
+  const cpuStart = process.cpuUsage();
   ids = enc.encode_ordinary(text);
   const seconds = Number(process.hrtime.bigint() - start) / 1e9;
-  console.log(`tiktoken gpt2: ${bytes.length} bytes -> ${ids.length} tokens in ${seconds.toFixed(3)} s: ` +
-              `${(bytes.length / seconds / 1e6).toFixed(2)} MB/s`);
+  const cpu = process.cpuUsage(cpuStart);
+  const cpuSeconds = (cpu.user + cpu.system) / 1e6;
+  console.log(`tiktoken gpt2: ${bytes.length} bytes -> ${ids.length} tokens in ${seconds.toFixed(3)} s ` +
+              `(${cpuSeconds.toFixed(3)} s CPU): ${(bytes.length / seconds / 1e6).toFixed(2)} MB/s, ` +
+              `${(bytes.length / cpuSeconds / 1e6).toFixed(2)} MB/s of CPU time`);
 }
 const out = option("--ids", null);
 if (out) writeFileSync(out, Array.from(ids).join(" ") + "\n");
