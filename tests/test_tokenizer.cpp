@@ -323,7 +323,7 @@ TEST(TokenizerHostileFiles, Vocabulary) {
       {"{" + body + ", \"ab\": [256]}", "key 'ab': expected a non-negative integer id, found an array"},
       {"{" + body + ", \"ab\": \"256\"}", "key 'ab': expected a non-negative integer id, found string \"256\""},
       {"{" + body + ", \"ab\": 256.0}", "key 'ab': expected a non-negative integer id, found number 256.0"},
-      {"{" + body + ", \"ab\": null}", "key 'ab': expected a non-negative integer id, found null null"},
+      {"{" + body + ", \"ab\": null}", "key 'ab': expected a non-negative integer id, found null"},
       {"{" + body + ", \"ab\": -1}", "key 'ab': id -1 is outside [0, 257): the ids of 257 tokens must be 0..256, each once"},
       {"{" + body + ", \"ab\": 300}", "key 'ab': id 300 is outside [0, 257)"},
       {"{" + body + ", \"ab\": 18446744073709551615}", "key 'ab': id 18446744073709551615 is outside [0, 257)"},
@@ -342,6 +342,9 @@ TEST(TokenizerHostileFiles, Vocabulary) {
       {std::string(detail::tok::kMaxFileBytes + 1, ' '), "tokenizer v.json: file is 67108865 bytes, more than the limit of 67108864"},
   };
   for (const auto& c : cases) EXPECT_THAT(vocab_error(c.vocab), HasSubstr(c.message)) << detail::tok::quote(c.vocab);
+  std::string huge = "{";
+  for (int i = 0; i <= 1'000'000; ++i) huge += "\"t" + std::to_string(i) + "\": 0, ";
+  EXPECT_THAT(vocab_error(huge), HasSubstr("tokenizer v.json: more than the limit of 1000000 tokens"));
   // A newline's token is "Ċ" (U+010A).
   std::string no_newline = bytes;
   const std::string newline_entry = "\"\xc4\x8a\": 10,";

@@ -1,7 +1,7 @@
 // The `ldlm` command line tool: parameter counts, single-module forward passes on
 // named safetensors inputs (spec section 6), tensor comparison, generation,
-// reconstruction and GPT-2 tokenization. Errors print "ldlm: error: ..." and exit with 2 (usage) or 1
-// (runtime: files, tensors, configuration, numerics).
+// reconstruction and GPT-2 tokenization. Errors print "ldlm: error: ..." and exit
+// with 2 (usage) or 1 (runtime: files, tensors, configuration, numerics).
 #include <unistd.h>
 
 #include <algorithm>
@@ -637,25 +637,30 @@ const Command kDetokenize{"detokenize",
                            kVocabSizeOption},
                           kTokenizerDetails};
 
-int run_detokenize(const Args& args) {
-  args.expect_positionals(0, 0);
-  const Tokenizer tokenizer = load_tokenizer(args, args.get_int("vocab-size", kDefaultVocabSize, 1));
-  const std::string text = args.has("ids") ? *args.value("ids") : read_stdin();
+/// Integer ids separated by white space or commas; `source` names the text in errors.
+std::vector<std::int64_t> parse_ids(std::string_view text, const std::string& source) {
   std::vector<std::int64_t> ids;
   std::size_t start = 0;
   for (std::size_t i = 0; i <= text.size(); ++i) {
     if (i < text.size() && !std::isspace(static_cast<unsigned char>(text[i])) && text[i] != ',') continue;
     if (i > start) {
-      const std::string_view word(text.data() + start, i - start);
+      const std::string_view word = text.substr(start, i - start);
       std::int64_t id = 0;
       const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
       if (ec != std::errc() || end != word.data() + word.size())
         throw InvalidArgument("detokenize: '" + std::string(word.substr(0, 40)) + "' at byte " + std::to_string(start) +
-                              " of " + (args.has("ids") ? "--ids" : "stdin") + " is not an integer token id");
+                              " of " + source + " is not an integer token id");
       ids.push_back(id);
     }
     start = i + 1;
   }
+  return ids;
+}
+
+int run_detokenize(const Args& args) {
+  args.expect_positionals(0, 0);
+  const Tokenizer tokenizer = load_tokenizer(args, args.get_int("vocab-size", kDefaultVocabSize, 1));
+  const auto ids = args.has("ids") ? parse_ids(*args.value("ids"), "--ids") : parse_ids(read_stdin(), "stdin");
   const std::string bytes = tokenizer.decode(ids);
   if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() || std::fflush(stdout) != 0)
     throw IoError("detokenize: writing stdout failed");

@@ -451,9 +451,15 @@ inline std::string read_file(const std::filesystem::path& path) {
   return out;
 }
 
+/// "string \"abc\"", "number 7", "null": a JSON value's type and (cut) text for messages.
 inline std::string json_summary(const nlohmann::json& v) {
+  if (v.is_null()) return "null";
   std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (s.size() > 40) s = s.substr(0, 40) + "...";
+  if (s.size() > 40) {
+    std::size_t n = 40;
+    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // whole characters only
+    s = s.substr(0, n) + "...";
+  }
   return std::string(v.type_name()) + " " + s;
 }
 
