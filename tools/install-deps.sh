@@ -10,7 +10,7 @@
 # not run as root. Works non-interactively (CI).
 set -euo pipefail
 
-packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev)
+packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libpcre2-dev)
 
 usage() {
   sed -n '2,10s/^# \{0,1\}//p' "$0"

@@ -7,7 +7,7 @@
 //   nn/       modules owning named parameters (Linear, norms, FFNs, attention)
 //   model/    the configuration, the five LDLM modules, self-describing checkpoints
 //   sampling/ the diffusion schedule, the sampler and the end-to-end pipeline
-//   io/       safetensors reading/writing and checkpoint loading
+//   io/       safetensors reading/writing, checkpoint loading, GPT-2's tokenizer
 #pragma once
 
 #include "ldlm/core/context.hpp"
@@ -25,3 +25,4 @@
 #include "ldlm/sampling/schedule.hpp"
 #include "ldlm/io/checkpoint.hpp"
 #include "ldlm/io/safetensors.hpp"
+#include "ldlm/io/tokenizer.hpp"

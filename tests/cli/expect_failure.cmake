@@ -2,7 +2,7 @@
 # message: stderr must be one "ldlm: error: ..." report (no crash, no stack trace)
 # matching EXPECT_STDERR; EXPECT_STDOUT, if given, must match stdout.
 #   cmake -DLDLM=<exe> "-DARGS=a|b|c" -DEXPECT_CODE=<n> [-DEXPECT_STDERR=<regex>] [-DEXPECT_STDOUT=<regex>]
-#         [-DERROR_PREFIX=<regex>] [-DEXPECT_ABSENT=<path>] -P expect_failure.cmake
+#         [-DERROR_PREFIX=<regex>] [-DEXPECT_ABSENT=<path>] [-DSTDIN=<file>] -P expect_failure.cmake
 # ARGS separates the arguments with '|' (a ';' would be split by add_test).
 # Other tools use it too: ERROR_PREFIX replaces "ldlm: error: " (e.g. "convert: error: "
 # for tools/convert.py), and a Python traceback counts as a crash. EXPECT_ABSENT names a
@@ -13,8 +13,12 @@ foreach(var LDLM EXPECT_CODE)
   endif()
 endforeach()
 string(REPLACE "|" ";" arguments "${ARGS}")
+set(input)
+if(DEFINED STDIN)
+  set(input INPUT_FILE "${STDIN}")
+endif()
 
-execute_process(COMMAND "${LDLM}" ${arguments}
+execute_process(COMMAND "${LDLM}" ${arguments} ${input}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(report "ldlm ${arguments}\nexit: ${rc}\nstdout:\n${out}\nstderr:\n${err}")
 

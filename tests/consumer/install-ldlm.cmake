@@ -41,8 +41,10 @@ run("${CMAKE_COMMAND}" ${configure_args})
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}")
 run("${CMAKE_COMMAND}" --install "${WORK_DIR}")
 
-foreach(f include/ldlm/ldlm.hpp share/cmake/ldlm/ldlmConfig.cmake
-          share/cmake/ldlm/ldlmConfigVersion.cmake share/cmake/ldlm/ldlmTargets.cmake)
+foreach(f include/ldlm/ldlm.hpp include/ldlm/io/tokenizer.hpp share/cmake/ldlm/ldlmConfig.cmake
+          share/cmake/ldlm/ldlmConfigVersion.cmake share/cmake/ldlm/ldlmTargets.cmake
+          share/cmake/ldlm/ldlmFindPCRE2.cmake share/ldlm/gpt2/encoder.json share/ldlm/gpt2/vocab.bpe
+          share/ldlm/gpt2/LICENSE)
   if(NOT EXISTS "${PREFIX}/${f}")
     message(FATAL_ERROR "install-ldlm.cmake: ${PREFIX}/${f} was not installed")
   endif()

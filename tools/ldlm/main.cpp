@@ -1,7 +1,7 @@
 // The `ldlm` command line tool: parameter counts, single-module forward passes on
-// named safetensors inputs (spec section 6), tensor comparison, generation and
-// reconstruction. Errors print "ldlm: error: ..." and exit with 2 (usage) or 1
-// (runtime: files, tensors, configuration, numerics).
+// named safetensors inputs (spec section 6), tensor comparison, generation,
+// reconstruction and GPT-2 tokenization. Errors print "ldlm: error: ..." and exit
+// with 2 (usage) or 1 (runtime: files, tensors, configuration, numerics).
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <new>
 #include <optional>
 #include <sstream>
@@ -23,7 +24,9 @@
 #include "args.hpp"
 #include "ldlm/io/checkpoint.hpp"
 #include "ldlm/io/safetensors.hpp"
+#include "ldlm/io/tokenizer.hpp"
 #include "ldlm/ldlm.hpp"
+#include "ldlm_embedded.hpp"
 
 namespace ldlm::cli {
 namespace {
@@ -560,6 +563,109 @@ int run_reconstruct(const Args& args) {
 }
 
 // ---------------------------------------------------------------------------
+// Tokenizer: ldlm tokenize, ldlm detokenize
+// ---------------------------------------------------------------------------
+
+/// ldlm-base's vocabulary: GPT-2's 50257 tokens, pad and mask.
+constexpr std::int64_t kDefaultVocabSize = 50259;
+
+const Option kTokenizerOption{"tokenizer", "DIR", "tokenizer files (see below); default: GPT-2's, built into ldlm"};
+const std::string kTokenizerDetails =
+    "--tokenizer DIR reads encoder.json + vocab.bpe (OpenAI), vocab.json + merges.txt or\n"
+    "tokenizer.json (Hugging Face). pad and mask follow the files' tokens (GPT-2: ids 50257\n"
+    "and 50258), so GPT-2's vocabulary has 50259 tokens, ldlm-base's V.\n";
+const Option kVocabSizeOption{"vocab-size", "V",
+                              "the model's vocabulary size, which the tokenizer must match (default " +
+                                  std::to_string(kDefaultVocabSize) + ")"};
+
+/// The tokenizer of --tokenizer DIR, or GPT-2's files built into the tool; its
+/// vocabulary (with pad and mask) must have the model's size V.
+Tokenizer load_tokenizer(const Args& args, std::int64_t vocab_size) {
+  std::string origin;
+  const Tokenizer tokenizer = [&] {
+    if (auto dir = args.value("tokenizer")) {
+      origin = "'" + *dir + "'";
+      return Tokenizer::load(*dir);
+    }
+    origin = "built-in GPT-2";
+    const auto vocab = embedded::find("gpt2/encoder.json"), merges = embedded::find("gpt2/vocab.bpe");
+    if (!vocab || !merges) throw Error("the built-in GPT-2 tokenizer files are missing from this ldlm binary");
+    return Tokenizer::from_vocab_and_merges(*vocab, *merges, "<built-in>/encoder.json", "<built-in>/vocab.bpe");
+  }();
+  if (tokenizer.vocab_size() != vocab_size)
+    throw InvalidArgument("the " + origin + " tokenizer has " + std::to_string(tokenizer.vocab_size()) + " tokens (" +
+                          std::to_string(tokenizer.pad_id()) + " from its files, pad and mask), but the model's " +
+                          "vocabulary size V is " + std::to_string(vocab_size));
+  return tokenizer;
+}
+
+std::string read_stdin() {
+  std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (std::cin.bad()) throw IoError("reading stdin failed");
+  return text;
+}
+
+const Command kTokenize{"tokenize",
+                        "",
+                        "Print the token ids of UTF-8 text (stdin, or --text) on one line.",
+                        {{"text", "S", "the text to encode instead of stdin"}, kTokenizerOption, kVocabSizeOption},
+                        "The text is taken as plain text: \"<|endoftext|>\" in it is encoded as characters, never\n"
+                        "as the special token. Text that is not valid UTF-8 is an error naming the byte offset.\n" +
+                            kTokenizerDetails};
+
+int run_tokenize(const Args& args) {
+  args.expect_positionals(0, 0);
+  const Tokenizer tokenizer = load_tokenizer(args, args.get_int("vocab-size", kDefaultVocabSize, 1));
+  const std::string text = args.has("text") ? *args.value("text") : read_stdin();
+  std::string line;
+  for (const std::int64_t id : tokenizer.encode(text)) {
+    if (!line.empty()) line += ' ';
+    line += std::to_string(id);
+  }
+  std::cout << line << "\n";
+  return 0;
+}
+
+const Command kDetokenize{"detokenize",
+                          "",
+                          "Write the bytes of token ids (stdin, or --ids) to stdout, exactly: no newline is\n"
+                          "added, and ids that end inside a UTF-8 character give that character's first bytes.",
+                          {{"ids", "\"1 2 3 ...\"", "the ids instead of stdin (spaces, newlines or commas between)"},
+                           kTokenizerOption,
+                           kVocabSizeOption},
+                          kTokenizerDetails};
+
+/// Integer ids separated by white space or commas; `source` names the text in errors.
+std::vector<std::int64_t> parse_ids(std::string_view text, const std::string& source) {
+  std::vector<std::int64_t> ids;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= text.size(); ++i) {
+    if (i < text.size() && !std::isspace(static_cast<unsigned char>(text[i])) && text[i] != ',') continue;
+    if (i > start) {
+      const std::string_view word = text.substr(start, i - start);
+      std::int64_t id = 0;
+      const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+      if (ec != std::errc() || end != word.data() + word.size())
+        throw InvalidArgument("detokenize: '" + std::string(word.substr(0, 40)) + "' at byte " + std::to_string(start) +
+                              " of " + source + " is not an integer token id");
+      ids.push_back(id);
+    }
+    start = i + 1;
+  }
+  return ids;
+}
+
+int run_detokenize(const Args& args) {
+  args.expect_positionals(0, 0);
+  const Tokenizer tokenizer = load_tokenizer(args, args.get_int("vocab-size", kDefaultVocabSize, 1));
+  const auto ids = args.has("ids") ? parse_ids(*args.value("ids"), "--ids") : parse_ids(read_stdin(), "stdin");
+  const std::string bytes = tokenizer.decode(ids);
+  if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() || std::fflush(stdout) != 0)
+    throw IoError("detokenize: writing stdout failed");
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
 // ldlm info
 // ---------------------------------------------------------------------------
 
@@ -601,6 +707,8 @@ const std::vector<Subcommand>& subcommands() {
                                               {&kCompare, run_compare},
                                               {&kGenerate, run_generate},
                                               {&kReconstruct, run_reconstruct},
+                                              {&kTokenize, run_tokenize},
+                                              {&kDetokenize, run_detokenize},
                                               {&kInfo, run_info}};
   return all;
 }
@@ -615,6 +723,8 @@ std::string main_usage() {
       "  compare      compare two safetensors files tensor by tensor",
       "  generate     sample token sequences with the diffusion model",
       "  reconstruct  encode and decode token ids",
+      "  tokenize     UTF-8 text to GPT-2 token ids",
+      "  detokenize   token ids to text",
       "  info         CPU features and the kernels chosen for fp32 and bf16",
   };
   for (const char* line : lines) s += std::string(line) + "\n";

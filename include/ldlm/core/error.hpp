@@ -34,7 +34,7 @@ class IoError : public Error {
   using Error::Error;
 };
 
-/// A safetensors file is malformed, truncated or hostile.
+/// A file (safetensors, tokenizer) is malformed, truncated or hostile.
 class FormatError : public IoError {
  public:
   using IoError::IoError;
