@@ -16,6 +16,7 @@
 #include <iterator>
 #include <new>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -403,13 +404,77 @@ int run_compare(const Args& args) {
 }
 
 // ---------------------------------------------------------------------------
+// Text: the tokenizer shared by tokenize, detokenize, generate and reconstruct
+// ---------------------------------------------------------------------------
+
+/// ldlm-base's vocabulary: GPT-2's 50257 tokens, pad and mask.
+constexpr std::int64_t kDefaultVocabSize = 50259;
+
+const Option kTokenizerOption{"tokenizer", "DIR", "tokenizer files (see below); default: GPT-2's, built into ldlm"};
+const std::string kTokenizerDetails =
+    "--tokenizer DIR reads encoder.json + vocab.bpe (OpenAI), vocab.json + merges.txt or\n"
+    "tokenizer.json (Hugging Face). pad and mask follow the files' tokens (GPT-2: ids 50257\n"
+    "and 50258), so GPT-2's vocabulary has 50259 tokens, ldlm-base's V.\n";
+const Option kVocabSizeOption{"vocab-size", "V",
+                              "the model's vocabulary size, which the tokenizer must match (default " +
+                                  std::to_string(kDefaultVocabSize) + ")"};
+
+/// The tokenizer of --tokenizer DIR, or GPT-2's files built into the tool; its
+/// vocabulary (with pad and mask) must have the model's size V.
+Tokenizer load_tokenizer(const Args& args, std::int64_t vocab_size) {
+  std::string origin;
+  const Tokenizer tokenizer = [&] {
+    if (auto dir = args.value("tokenizer")) {
+      origin = "'" + *dir + "'";
+      return Tokenizer::load(*dir);
+    }
+    origin = "built-in GPT-2";
+    const auto vocab = embedded::find("gpt2/encoder.json"), merges = embedded::find("gpt2/vocab.bpe");
+    if (!vocab || !merges) throw Error("the built-in GPT-2 tokenizer files are missing from this ldlm binary");
+    return Tokenizer::from_vocab_and_merges(*vocab, *merges, "<built-in>/encoder.json", "<built-in>/vocab.bpe");
+  }();
+  if (tokenizer.vocab_size() != vocab_size)
+    throw InvalidArgument("the " + origin + " tokenizer has " + std::to_string(tokenizer.vocab_size()) + " tokens (" +
+                          std::to_string(tokenizer.pad_id()) + " from its files, pad and mask), but the model's " +
+                          "vocabulary size V is " + std::to_string(vocab_size));
+  return tokenizer;
+}
+
+std::string read_stdin() {
+  std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (std::cin.bad()) throw IoError("reading stdin failed");
+  return text;
+}
+
+/// The tokenizer that turns the model's ids into text: --tokenizer's (which must fit),
+/// else the built-in GPT-2 one when it fits the model's vocabulary. None with --ids,
+/// or when no tokenizer fits: the ids are printed then.
+std::optional<Tokenizer> text_tokenizer(const Args& args, const Config& config) {
+  if (args.has("ids")) return std::nullopt;
+  if (args.has("tokenizer") || config.vocab_size == kDefaultVocabSize) return load_tokenizer(args, config.vocab_size);
+  return std::nullopt;
+}
+
+/// One sample per block: the text alone for one sample; with several, each after a
+/// "--- sample i of B ---" line, so that samples with newlines stay apart.
+void print_text(std::ostream& out, const Tokenizer& tokenizer, const TokenTensor& tokens) {
+  const Index B = tokens.dimension(0), T = tokens.dimension(1);
+  for (Index b = 0; b < B; ++b) {
+    if (B > 1) out << "--- sample " << b + 1 << " of " << B << " ---\n";
+    out << tokenizer.decode(std::span<const std::int64_t>(tokens.data() + b * T, static_cast<std::size_t>(T))) << "\n";
+  }
+}
+
+// ---------------------------------------------------------------------------
 // ldlm generate
 // ---------------------------------------------------------------------------
 
 const Command kGenerate{"generate",
                         "",
-                        "Sample latents with the denoiser (N Euler steps from pure noise, spec 5), decode\n"
-                        "them and print the token ids, one line per sequence.",
+                        "Sample latents with the denoiser (N Euler steps from pure noise; docs/model.md#sampler),\n"
+                        "decode them and print the text: one sample, or each of --batch samples after a\n"
+                        "'--- sample i of B ---' line. Token ids, one line per sample, with --ids or when no\n"
+                        "tokenizer fits the model's vocabulary (GPT-2's built-in one fits V = 50259).",
                         {{"length", "T", "tokens per sequence (default 32)"},
                          {"batch", "B", "number of sequences, 1 to 65536 (default 1)"},
                          {"steps", "N", "denoiser steps (default 16)"},
@@ -420,7 +485,9 @@ const Command kGenerate{"generate",
                          kConfigOption,
                          kPrecisionOption,
                          kThreadsOption,
-                         {"output", "tokens.txt", "write the token ids there instead of stdout"}},
+                         {"output", "FILE", "write the samples there instead of stdout"},
+                         {"ids", "", "print token ids, one line per sample, instead of text"},
+                         kTokenizerOption},
                         "Without --weights the model gets reproducible generator weights (init_parameters\n"
                         "with --init-seed) for the modules generation uses: denoiser, latent_decoder and\n"
                         "token_decoder. They show the machinery working, not meaningful text. The default\n"
@@ -479,14 +546,17 @@ int run_generate(const Args& args) {
   if (isatty(STDERR_FILENO)) options.progress = ProgressBar();
 
   const TokenTensor tokens = Pipeline<float>(model).generate(ctx, B, T, options);
+  std::ofstream file;
   if (auto path = args.value("output")) {
-    std::ofstream file(*path);
+    file.open(*path);
     if (!file) throw IoError("generate: cannot open '" + *path + "' for writing");
-    print_tokens(file, tokens);
-    if (!file.flush()) throw IoError("generate: writing '" + *path + "' failed");
-  } else {
-    print_tokens(std::cout, tokens);
   }
+  std::ostream& out = args.has("output") ? file : std::cout;
+  if (const auto tokenizer = text_tokenizer(args, config))
+    print_text(out, *tokenizer, tokens);
+  else
+    print_tokens(out, tokens);
+  if (!out.flush()) throw IoError("generate: writing the samples failed");
   return 0;
 }
 
@@ -498,14 +568,16 @@ const Command kReconstruct{"reconstruct",
                            "",
                            "Encode token ids (GPT-2 features, latent encoder) and decode them again (latent\n"
                            "decoder, token decoder, argmax); print the reconstructed ids, one line per sequence.",
-                           {{"tokens", "\"1 2 3 ...\"", "token ids; ';' separates sequences of equal length"},
+                           {{"text", "S", "text to reconstruct (tokenized; prints the reconstructed text)"},
+                            {"tokens", "\"1 2 3 ...\"", "token ids; ';' separates sequences of equal length"},
                             {"inputs", "I.safetensors", "token ids from tensor 'tokens' [B, T] (I64 or I32)"},
+                            kTokenizerOption,
                             kWeightsOption,
                             kInitSeedOption,
                             kConfigOption,
                             kPrecisionOption,
                             kThreadsOption},
-                           "Exactly one of --tokens and --inputs. Without --weights the modules get generator\n"
+                           "Exactly one of --text, --tokens and --inputs. Without --weights the modules get generator\n"
                            "weights (--init-seed), which exercise the pipeline but do not reconstruct. With\n"
                            "--weights the configuration comes from the file's __metadata__ 'ldlm.config' when\n"
                            "it has one (see 'ldlm forward --help').\n"};
@@ -547,63 +619,39 @@ TokenTensor parse_tokens(const Args& args, const std::string& text) {
 
 int run_reconstruct(const Args& args) {
   args.expect_positionals(0, 0);
-  if (args.has("tokens") == args.has("inputs")) args.fail("give exactly one of --tokens and --inputs");
+  if (int(args.has("text")) + int(args.has("tokens")) + int(args.has("inputs")) != 1)
+    args.fail("give exactly one of --text, --tokens and --inputs");
   if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
   const auto weights = open_weights(args);
   const Config config = load_config(args, weights);
-  const TokenTensor tokens = args.has("tokens") ? parse_tokens(args, *args.value("tokens"))
-                                                : Inputs(*args.value("inputs"), "reconstruct").tokens("tokens");
+  std::optional<Tokenizer> tokenizer;
+  TokenTensor tokens;
+  if (auto text = args.value("text")) {
+    tokenizer = load_tokenizer(args, config.vocab_size);
+    const std::vector<std::int64_t> ids = tokenizer->encode(*text);
+    if (ids.empty()) args.fail("option '--text': the text is empty");
+    tokens = TokenTensor(1, static_cast<Index>(ids.size()));
+    std::copy(ids.begin(), ids.end(), tokens.data());
+  } else {
+    tokens = args.has("tokens") ? parse_tokens(args, *args.value("tokens"))
+                                : Inputs(*args.value("inputs"), "reconstruct").tokens("tokens");
+  }
   const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
   const bool parallel = ctx.threads() > 1;
   LDLM<float> model(config);
   fill_modules(model, args, weights, {"feature_model", "encoder"}, {"latent_decoder", "token_decoder"}, parallel, precision);
-  print_tokens(std::cout, Pipeline<float>(model).reconstruct(ctx, tokens).tokens);
+  const TokenTensor reconstructed = Pipeline<float>(model).reconstruct(ctx, tokens).tokens;
+  if (tokenizer)
+    print_text(std::cout, *tokenizer, reconstructed);
+  else
+    print_tokens(std::cout, reconstructed);
   return 0;
 }
 
 // ---------------------------------------------------------------------------
 // Tokenizer: ldlm tokenize, ldlm detokenize
 // ---------------------------------------------------------------------------
-
-/// ldlm-base's vocabulary: GPT-2's 50257 tokens, pad and mask.
-constexpr std::int64_t kDefaultVocabSize = 50259;
-
-const Option kTokenizerOption{"tokenizer", "DIR", "tokenizer files (see below); default: GPT-2's, built into ldlm"};
-const std::string kTokenizerDetails =
-    "--tokenizer DIR reads encoder.json + vocab.bpe (OpenAI), vocab.json + merges.txt or\n"
-    "tokenizer.json (Hugging Face). pad and mask follow the files' tokens (GPT-2: ids 50257\n"
-    "and 50258), so GPT-2's vocabulary has 50259 tokens, ldlm-base's V.\n";
-const Option kVocabSizeOption{"vocab-size", "V",
-                              "the model's vocabulary size, which the tokenizer must match (default " +
-                                  std::to_string(kDefaultVocabSize) + ")"};
-
-/// The tokenizer of --tokenizer DIR, or GPT-2's files built into the tool; its
-/// vocabulary (with pad and mask) must have the model's size V.
-Tokenizer load_tokenizer(const Args& args, std::int64_t vocab_size) {
-  std::string origin;
-  const Tokenizer tokenizer = [&] {
-    if (auto dir = args.value("tokenizer")) {
-      origin = "'" + *dir + "'";
-      return Tokenizer::load(*dir);
-    }
-    origin = "built-in GPT-2";
-    const auto vocab = embedded::find("gpt2/encoder.json"), merges = embedded::find("gpt2/vocab.bpe");
-    if (!vocab || !merges) throw Error("the built-in GPT-2 tokenizer files are missing from this ldlm binary");
-    return Tokenizer::from_vocab_and_merges(*vocab, *merges, "<built-in>/encoder.json", "<built-in>/vocab.bpe");
-  }();
-  if (tokenizer.vocab_size() != vocab_size)
-    throw InvalidArgument("the " + origin + " tokenizer has " + std::to_string(tokenizer.vocab_size()) + " tokens (" +
-                          std::to_string(tokenizer.pad_id()) + " from its files, pad and mask), but the model's " +
-                          "vocabulary size V is " + std::to_string(vocab_size));
-  return tokenizer;
-}
-
-std::string read_stdin() {
-  std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  if (std::cin.bad()) throw IoError("reading stdin failed");
-  return text;
-}
 
 const Command kTokenize{"tokenize",
                         "",
