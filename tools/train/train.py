@@ -34,7 +34,7 @@ import common as C  # noqa: E402
 
 # Flags that define the result; a resumed run must use the same values.
 RECIPE = ("seed", "ae_steps", "dn_steps", "tokens", "min_len", "max_len", "ae_lr", "dn_lr", "warmup", "negatives",
-          "latent_noise", "self_cond", "ema", "weight_decay", "grad_clip")
+          "latent_noise", "center_weight", "self_cond", "ema", "weight_decay", "grad_clip")
 
 
 def parse_args(argv=None):
@@ -53,6 +53,8 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--negatives", type=int, default=2048, help="uniform negative ids of the sampled softmax")
     ap.add_argument("--latent-noise", type=float, default=0.5, help="max std of the noise on the latents (phase 1)")
+    ap.add_argument("--center-weight", type=float, default=1.0,
+                    help="weight of the latent-centering term (phase 1, ramped in from 25 %% to 50 %% of it)")
     ap.add_argument("--self-cond", type=float, default=0.5, help="share of denoiser steps with self-conditioning")
     ap.add_argument("--ema", type=float, default=0.999)
     ap.add_argument("--weight-decay", type=float, default=0.0)
@@ -150,6 +152,10 @@ class Trainer:
         with torch.no_grad():
             features = m.feature_model(tokens)
         z = m.encoder(features)
+        # The denoiser knows relative positions only (rotary), so latents should not
+        # carry a per-position offset it cannot place: penalise the batch mean of
+        # every position (the encoder's latent queries start as position rows).
+        center = z.mean(0).pow(2).mean()
         noise_std = torch.rand(B, 1, 1, generator=g) * a.latent_noise
         z = z + noise_std * torch.randn(z.shape, generator=g)
         h = C.token_decoder_hidden(m.token_decoder, m.latent_decoder(z)).reshape(B * T, -1)
@@ -158,9 +164,12 @@ class Trainer:
         candidates = torch.unique(torch.cat([targets, negatives]))  # sorted, each id once
         index = torch.searchsorted(candidates, targets)
         logits = h @ m.token_decoder.lm_head.weight[candidates].t()
-        loss = F.cross_entropy(logits, index)
+        ce = F.cross_entropy(logits, index)
         acc = (logits.argmax(-1) == index).float().mean().item()
-        return loss, {"acc": acc}
+        # Off for the first quarter of phase 1 (the copy path forms from position-rich
+        # latents), then ramped up to full weight at half of phase 1.
+        ramp = min(1.0, max(0.0, 4 * self.step / a.ae_steps - 1))
+        return ce + ramp * a.center_weight * center, {"acc": acc, "ce": ce.item(), "center": center.item()}
 
     def dn_step(self, g):
         a, m = self.a, self.model
@@ -232,21 +241,24 @@ class Trainer:
             gnorm = torch.nn.utils.clip_grad_norm_(params, a.grad_clip).item()
             opt.step()
             if phase == "dn":
+                n = self.step - a.ae_steps  # EMA warm-up: early weights are not averaged in for long
+                decay = min(a.ema, (1 + n) / (10 + n))
                 with torch.no_grad():
                     for k, v in self.model.denoiser.state_dict().items():
-                        self.ema[k].mul_(a.ema).add_(v, alpha=1 - a.ema)
+                        self.ema[k].mul_(decay).add_(v, alpha=1 - decay)
             if not math.isfinite(loss.item()):
                 sys.exit(f"train: loss is {loss.item()} at step {self.step}; not saving")
             self.step += 1
             self.elapsed = elapsed0 + time.time() - t_start
-            window.append((loss.item(), extra.get("acc"), gnorm))
+            window.append((loss.item(), extra.get("acc"), gnorm, extra.get("ce"), extra.get("center")))
             bar.show(self.step, phase, loss.item(), extra.get("acc"), self.elapsed, elapsed0)
             if self.step % a.log_every == 0 or self.step in (a.ae_steps, total):
                 entry = {"step": self.step, "phase": phase, "loss": sum(w[0] for w in window) / len(window),
                          "grad_norm": sum(w[2] for w in window) / len(window), "lr": lr,
                          "elapsed": round(self.elapsed, 2), "cpu_this_piece": round(time.process_time() - cpu_start, 2)}
                 if phase == "ae":
-                    entry["acc"] = sum(w[1] for w in window) / len(window)
+                    for key, i in (("acc", 1), ("ce", 3), ("center", 4)):
+                        entry[key] = sum(w[i] for w in window) / len(window)
                 window = []
                 log.write(json.dumps(entry) + "\n")
                 log.flush()
