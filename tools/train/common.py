@@ -251,14 +251,20 @@ def write_safetensors(path: str, tensors: dict, metadata: dict, dtype: str = "BF
 
 def read_safetensors(path: str):
     """(tensors as float32, metadata) of a BF16/F32 file."""
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 0 < n <= size - 8:
+            raise ValueError(f"{path}: not a safetensors file (header length {n}, file size {size})")
         header = json.loads(f.read(n))
         data = f.read()
     meta = header.pop("__metadata__", {})
     out = {}
     for name, e in header.items():
         a, b = e["data_offsets"]
+        if not 0 <= a <= b <= len(data):
+            raise ValueError(f"{path}: tensor {name}: data_offsets [{a}, {b}] outside the {len(data)} data bytes")
         if e["dtype"] == "BF16":
             bits = np.frombuffer(data[a:b], dtype="<u2").astype(np.uint32) << 16
             arr = bits.view(np.float32)
@@ -273,6 +279,10 @@ def read_safetensors(path: str):
 def load_model_file(path: str) -> tuple[L.LDLM, dict]:
     """The reference LDLM with the file's trained modules and the regenerated feature model."""
     tensors, meta = read_safetensors(path)
+    for key in ("ldlm.config", "ldlm.feature_model_init_seed"):
+        if key not in meta:
+            raise ValueError(f"{path}: __metadata__ has no '{key}' (found keys: {sorted(meta)}); "
+                             f"expected a file written by tools/train/export.py")
     cfg = config_from_json(meta["ldlm.config"])
     model = L.LDLM(cfg)
     regenerate_frozen(model, int(meta["ldlm.feature_model_init_seed"]))
