@@ -107,7 +107,7 @@ def build_model(cfg: L.Config, init_seed: int, feature_seed: int = FEATURE_MODEL
       scale of the features, the encoder's latents start as its position rows, the
       key half of embeddings_to_KV starts equal to latents_to_Q (a query and the key
       of its own position then agree) and the per-head q/k RMSNorm gains start at 2
-      (sharp attention): both Perceivers begin with near-diagonal attention;
+      (sharp attention): the encoder begins with near-diagonal attention;
     - ScaleMask weights and biases at 0 (every scale starts at 1);
     - token head rows = the frozen GPT-2 token table (as GPT-2 ties them), so ids
       rarely or never seen in training start from a row that matches their features;
