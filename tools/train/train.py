@@ -63,6 +63,10 @@ def parse_args(argv=None):
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--stop-at-step", type=int, default=None, help="checkpoint and stop before this step")
     ap.add_argument("--stop-after-minutes", type=float, default=None, help="checkpoint and stop after this wall time")
+    ap.add_argument("--reschedule", action="store_true",
+                    help="on resume, accept new --ae-steps/--dn-steps (the learning-rate and centering schedules "
+                         "follow the new lengths from the current step on); the change is recorded in the "
+                         "checkpoint, so the run stays reproducible")
     a = ap.parse_args(argv)
     if not (1 <= a.min_len <= a.max_len <= C.DEMO_CONFIG["max_positions"]):
         ap.error(f"need 1 <= --min-len <= --max-len <= max_positions = {C.DEMO_CONFIG['max_positions']}")
@@ -99,6 +103,7 @@ class Trainer:
         self.heldout = C.TokenStream(a.data, "heldout")
         self.step = 0
         self.elapsed = 0.0  # wall seconds of training over all pieces
+        self.reschedules = []  # [{"step": s, "ae_steps": [old, new], "dn_steps": [old, new]}]
         self.val_tokens = self.heldout.windows(16, 64, torch.Generator().manual_seed(a.seed + 12345), 1.0)
 
     # ----------------------------------------------------------------- checkpoints
@@ -108,6 +113,7 @@ class Trainer:
 
     def save(self):
         state = {"step": self.step, "elapsed": self.elapsed, "recipe": {k: getattr(self.a, k) for k in RECIPE},
+                 "reschedules": self.reschedules,
                  "config": self.cfg.to_dict(), "model": C.trained_state(self.model), "ema": self.ema,
                  "opt_ae": self.opt_ae.state_dict(), "opt_dn": self.opt_dn.state_dict()}
         tmp = self.ckpt_path + ".tmp"
@@ -119,6 +125,18 @@ class Trainer:
             return
         s = torch.load(self.ckpt_path)
         recipe = {k: getattr(self.a, k) for k in RECIPE}
+        self.reschedules = s.get("reschedules", [])
+        lengths = ("ae_steps", "dn_steps")
+        if self.a.reschedule and any(s["recipe"][k] != recipe[k] for k in lengths):
+            if s["step"] >= self.a.ae_steps and s["recipe"]["ae_steps"] != self.a.ae_steps:
+                sys.exit(f"train: --reschedule cannot move the end of the autoencoder phase to step "
+                         f"{self.a.ae_steps}: the checkpoint is at step {s['step']}")
+            if s["step"] > self.a.ae_steps + self.a.dn_steps:
+                sys.exit(f"train: --reschedule: the checkpoint is at step {s['step']}, past the new end")
+            self.reschedules.append({"step": s["step"], **{k: [s["recipe"][k], recipe[k]] for k in lengths}})
+            print(f"rescheduled at step {s['step']}: " +
+                  ", ".join(f"{k} {s['recipe'][k]} -> {recipe[k]}" for k in lengths), file=sys.stderr)
+            s["recipe"] = {**s["recipe"], **{k: recipe[k] for k in lengths}}
         if s["recipe"] != recipe:
             diff = {k: (s["recipe"].get(k), v) for k, v in recipe.items() if s["recipe"].get(k) != v}
             sys.exit(f"train: {self.ckpt_path} was made with other flags (checkpoint, now): {diff}; "
