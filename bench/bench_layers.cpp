@@ -1,24 +1,31 @@
 // Microbenchmarks of ldlm's layers and modules at ldlm-base sizes (B = 1, T = 1024,
-// d = 768, H = 12, hd = 64), float32, each at 1 and 2 threads. bench/torch_bench.py
-// times the same computations in PyTorch under the same case names, and
-// bench/compare.py puts the two side by side (see bench/README.md).
+// d = 768, H = 12, hd = 64), each at 1 and 2 threads and in both precisions: fp32
+// (bf16:0) and bf16 (bf16:1: bf16 operands, fp32 sums, fp32 norms/softmax/residuals,
+// see docs/model.md#precision). bench/torch_bench.py times the same computations in
+// PyTorch (fp32, and under torch.autocast bf16) under the same case names, and
+// bench/compare.py puts the two side by side with the machine's measured peak
+// (bench_peak.cpp; see bench/README.md).
 //
-// Every case reports a FLOPS counter of *useful* FLOPs, so rates compare across
-// implementations that do more or less redundant work:
+// Every case reports a FLOPS counter of *useful* FLOPs, the same in both precisions,
+// so rates compare across implementations that do more or less redundant work:
 //   linear     2 · rows · in · out            (biases not counted)
 //   attention  4 · Tq · Tk · d                (QKᵀ and PV over all heads)
 //   causal     2 · T · (T + 1) · d            (only the keys each query may see)
 // Norms, activations, rotary, softmax and residual adds are not counted, except in
 // the LayerNorm case, which has nothing else (6 · rows · d, see there).
 //
-// Weights come from init_parameters(module, 1), inputs are uniform in [-1, 1).
-// Modules run through their row forms into preallocated outputs, as a sampling loop
-// calls them; the rotary table, which a model builds once per sequence length and
-// shares across layers, is built outside the timed loop.
+// Weights come from init_parameters(module, 1, "", precision), which packs them for
+// the kernel of that precision; inputs are uniform in [-1, 1). Modules run through
+// their row forms into preallocated outputs, as a sampling loop calls them; the
+// rotary table, which a model builds once per sequence length and shares across
+// layers, is built outside the timed loop. Each case's label names the precision
+// and the kernels of its packed weights.
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -47,32 +54,59 @@ Mat random_matrix(Index rows, Index cols, unsigned seed) {
 }
 
 int thread_arg(const benchmark::State& state) { return static_cast<int>(state.range(0)); }
+ldlm::Precision precision_arg(const benchmark::State& state, int index = 1) {
+  return state.range(index) ? ldlm::Precision::bf16 : ldlm::Precision::fp32;
+}
 
 // Google Benchmark calls a case function several times while it settles the
 // iteration count, and once per argument: building and initialising a 130 M
-// parameter module each time would dominate the run. One module stays alive (the
-// last one asked for), so memory stays at the size of the largest module.
+// parameter module each time would dominate the run. The modules of one case name
+// stay alive, one per precision (the last name asked for), so memory stays at about
+// 1.5x the largest module.
+struct CachedModule {
+  std::shared_ptr<void> module;
+  std::string label;  // precision and the kernels of its packed weights
+};
 struct ModuleCache {
   std::string key;
-  std::shared_ptr<void> module;
+  std::map<ldlm::Precision, CachedModule> modules;
 };
 ModuleCache& module_cache() {
   static ModuleCache cache;
   return cache;
 }
 
+// "bf16 linear brg:avx512_core_bf16": the distinct kernels the module's weights were packed for.
+template <class M>
+std::string kernel_label(M& module, ldlm::Precision precision) {
+  std::set<std::string> kernels;
+  module.visit("", [&](const std::string&, auto& p) {
+    if constexpr (requires { p.packed(); })
+      if (p.packed()) kernels.insert(p.packed()->kernel());
+  });
+  std::string label(ldlm::precision_name(precision));
+  if (!kernels.empty()) label += " linear";
+  for (const auto& k : kernels) label += " " + k;
+  return label;
+}
+
 template <class M, class Make>
-const M& cached_module(const std::string& name, Make make) {
+const M& cached_module(benchmark::State& state, const std::string& name, ldlm::Precision precision, Make make) {
   ModuleCache& cache = module_cache();
   const std::string key = name + "|" + typeid(M).name();
   if (cache.key != key) {
-    cache.module.reset();  // free the previous module before building the next
-    auto m = std::make_shared<M>(make());
-    ldlm::init_parameters(*m, 1);
-    cache.module = m;
+    cache.modules.clear();  // free the previous modules before building the next
     cache.key = key;
   }
-  return *static_cast<const M*>(cache.module.get());
+  CachedModule& entry = cache.modules[precision];
+  if (!entry.module) {
+    auto m = std::make_shared<M>(make());
+    ldlm::init_parameters(*m, 1, "", precision);
+    entry.label = kernel_label(*m, precision);
+    entry.module = m;
+  }
+  state.SetLabel(entry.label);
+  return *static_cast<const M*>(entry.module.get());
 }
 
 // One untimed call first: it grows the context's arena to its steady size, which
@@ -87,19 +121,24 @@ void run_case(benchmark::State& state, double flops, Body&& body) {
   state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void per_thread_count(benchmark::internal::Benchmark* b) {
-  b->ArgName("threads")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+// Names like "denoiser/threads:1/bf16:0/real_time".
+void per_thread_count_and_precision(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"threads", "bf16"})->ArgsProduct({{1, 2}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
 // --- reference point ---------------------------------------------------------
 
-// [1024, 768] · [768, 3072] through ldlm::linear (nn.Linear layout, w [3072, 768]).
+// [1024, 768] · [768, 3072] through ldlm::linear on a weight packed for the
+// precision (nn.Linear layout, w [3072, 768]), as every module's products run.
 // FLOPs: 2 · 1024 · 768 · 3072.
 void BM_gemm(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const Mat x = random_matrix(1024, 768, 1), w = random_matrix(3072, 768, 2);
+  const ldlm::Precision precision = precision_arg(state);
+  const Mat x = random_matrix(1024, 768, 1);
+  const auto w = ldlm::PackedMatrix::pack(random_matrix(3072, 768, 2), ldlm::WeightLayout::out_in, precision);
   Mat y(1024, 3072);
-  run_case(state, linear_flops(1024, 768, 3072), [&] { ldlm::linear<S>(ctx, x, w, nullptr, y); });
+  state.SetLabel(std::string(ldlm::precision_name(precision)) + " linear " + w.kernel());
+  run_case(state, linear_flops(1024, 768, 3072), [&] { ldlm::linear(ctx, x, w, nullptr, y); });
 }
 
 // --- layers --------------------------------------------------------------------
@@ -109,7 +148,7 @@ void BM_gemm(benchmark::State& state) {
 void BM_layer_norm_gain(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
   const auto& norm = cached_module<ldlm::nn::LayerNormGain<S>>(
-      "layer_norm_gain", [] { return ldlm::nn::LayerNormGain<S>(kBase.d_model, kBase.layer_norm_eps); });
+      state, "layer_norm_gain", precision_arg(state), [] { return ldlm::nn::LayerNormGain<S>(kBase.d_model, kBase.layer_norm_eps); });
   const Mat x = random_matrix(kB * kT, kBase.d_model, 1);
   Mat y(kB * kT, kBase.d_model);
   run_case(state, 6 * kB * kT * kD, [&] { norm.forward(ctx, x, y); });
@@ -119,7 +158,8 @@ void BM_layer_norm_gain(benchmark::State& state) {
 // FLOPs: 2·T·d·3d + 2·T·d·d + 4·T²·d = 8·T·d² + 4·T²·d.
 void BM_attn_denoiser(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& attn = cached_module<ldlm::nn::FusedSelfAttention<S>>("attn_denoiser", [] {
+  const auto& attn = cached_module<ldlm::nn::FusedSelfAttention<S>>(
+      state, "attn_denoiser", precision_arg(state), [] {
     return ldlm::nn::FusedSelfAttention<S>(ldlm::denoiser_attention_settings(kBase));
   });
   ldlm::Arena rotary_arena;
@@ -135,7 +175,8 @@ void BM_attn_denoiser(benchmark::State& state) {
 // FLOPs: 4 · 2·T·d·d + 4·T²·d = 8·T·d² + 4·T²·d.
 void BM_attn_token_decoder(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& attn = cached_module<ldlm::nn::SelfAttention<S>>("attn_token_decoder", [] {
+  const auto& attn = cached_module<ldlm::nn::SelfAttention<S>>(
+      state, "attn_token_decoder", precision_arg(state), [] {
     return ldlm::nn::SelfAttention<S>(ldlm::token_decoder_attention_settings(kBase));
   });
   ldlm::Arena rotary_arena;
@@ -151,7 +192,8 @@ void BM_attn_token_decoder(benchmark::State& state) {
 // FLOPs: 2·T·d·d + 2·T·d·2d + 2·T·d·2d + 2·T·d·d + 4·T·2T·d = 12·T·d² + 8·T²·d.
 void BM_attn_latent(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& attn = cached_module<ldlm::nn::LatentAttention<S>>("attn_latent", [] {
+  const auto& attn = cached_module<ldlm::nn::LatentAttention<S>>(
+      state, "attn_latent", precision_arg(state), [] {
     return ldlm::nn::LatentAttention<S>(ldlm::latent_attention_settings(kBase));
   });
   const Mat context = random_matrix(kB * kT, kBase.d_model, 1), queries = random_matrix(kB * kT, kBase.d_model, 2);
@@ -166,7 +208,8 @@ void BM_attn_latent(benchmark::State& state) {
 // FLOPs: 2·T·d·3d + 2·T·d·d + 2·T·(T+1)·d = 8·T·d² + 2·T·(T+1)·d.
 void BM_attn_gpt2(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& attn = cached_module<ldlm::nn::GPT2Attention<S>>("attn_gpt2", [] {
+  const auto& attn = cached_module<ldlm::nn::GPT2Attention<S>>(
+      state, "attn_gpt2", precision_arg(state), [] {
     ldlm::nn::AttentionSettings s;
     s.d_model = kBase.d_model;
     s.heads = kBase.n_heads;
@@ -195,7 +238,8 @@ double ddit_block_flops(double T) {
 // FLOPs: 8·T·d² + 4·T²·d + 2·T·d·4d·2 = 24·T·d² + 4·T²·d (adaLN not counted).
 void BM_ddit_block(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& block = cached_module<ldlm::DDiTBlock<S>>("ddit_block", [] { return ldlm::DDiTBlock<S>(kBase); });
+  const auto& block = cached_module<ldlm::DDiTBlock<S>>(
+      state, "ddit_block", precision_arg(state), [] { return ldlm::DDiTBlock<S>(kBase); });
   ldlm::Arena rotary_arena;
   const auto rotary = ldlm::make_rotary_table<S>(rotary_arena, kT, kBase.head_dim, kBase.rope_base);
   const Mat input = random_matrix(kB * kT, kBase.d_model, 1), c = random_matrix(kB, kBase.d_model, 2);
@@ -213,9 +257,10 @@ double denoiser_flops(double T) {
   return linear_flops(kB * T, 2 * kD, kD) + blocks * ddit_block_flops(T) + linear_flops(kB * T, kD, kD);
 }
 
-void denoiser_case(benchmark::State& state, Index T, int threads) {
+void denoiser_case(benchmark::State& state, Index T, int threads, ldlm::Precision precision) {
   ldlm::Context ctx(threads);
-  const auto& denoiser = cached_module<ldlm::Denoiser<S>>("denoiser", [] { return ldlm::Denoiser<S>(kBase); });
+  const auto& denoiser =
+      cached_module<ldlm::Denoiser<S>>(state, "denoiser", precision, [] { return ldlm::Denoiser<S>(kBase); });
   ldlm::Arena rotary_arena;
   const auto rotary = ldlm::make_rotary_table<S>(rotary_arena, T, kBase.head_dim, kBase.rope_base);
   const Mat x_t = random_matrix(kB * T, kBase.d_model, 1), self_cond = random_matrix(kB * T, kBase.d_model, 2);
@@ -226,11 +271,11 @@ void denoiser_case(benchmark::State& state, Index T, int threads) {
 }
 
 // Full denoiser forward: one sampling step, 12 blocks, with a self-conditioning input.
-void BM_denoiser(benchmark::State& state) { denoiser_case(state, kT, thread_arg(state)); }
+void BM_denoiser(benchmark::State& state) { denoiser_case(state, kT, thread_arg(state), precision_arg(state)); }
 
-// The same at T = 128 .. 1024, one thread, for the scaling table.
+// The same at T = 128 .. 1024, for the scaling table (args T, threads, bf16).
 void BM_denoiser_T(benchmark::State& state) {
-  denoiser_case(state, state.range(0), static_cast<int>(state.range(1)));
+  denoiser_case(state, state.range(0), static_cast<int>(state.range(1)), precision_arg(state, 2));
 }
 
 // Perceiver layer: latent attention (12·T·d² + 8·T²·d) + FFN 2·T·d·4d·2 (16·T·d²).
@@ -242,7 +287,8 @@ double perceiver_layer_flops(double T) {
 // Latent encoder, 6 layers. FLOPs: 6 · (28·T·d² + 8·T²·d) = 168·T·d² + 48·T²·d.
 void BM_latent_encoder(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& encoder = cached_module<ldlm::LatentEncoder<S>>("latent_encoder", [] { return ldlm::LatentEncoder<S>(kBase); });
+  const auto& encoder = cached_module<ldlm::LatentEncoder<S>>(
+      state, "latent_encoder", precision_arg(state), [] { return ldlm::LatentEncoder<S>(kBase); });
   const Mat features = random_matrix(kB * kT, kBase.d_model, 1);
   Mat latents(kB * kT, kBase.d_model);
   const double flops = static_cast<double>(kBase.encoder_layers) * perceiver_layer_flops(kT);
@@ -253,7 +299,8 @@ void BM_latent_encoder(benchmark::State& state) {
 // FLOPs: 6 · (28·T·d² + 8·T²·d) + 2·d·4d·2 = 168·T·d² + 48·T²·d + 16·d².
 void BM_latent_decoder(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& decoder = cached_module<ldlm::LatentDecoder<S>>("latent_decoder", [] { return ldlm::LatentDecoder<S>(kBase); });
+  const auto& decoder = cached_module<ldlm::LatentDecoder<S>>(
+      state, "latent_decoder", precision_arg(state), [] { return ldlm::LatentDecoder<S>(kBase); });
   const Mat latents = random_matrix(kB * kT, kBase.d_model, 1);
   Mat hidden(kB * kT, kBase.d_model);
   const double flops = static_cast<double>(kBase.latent_decoder_layers) * perceiver_layer_flops(kT) +
@@ -266,7 +313,8 @@ void BM_latent_decoder(benchmark::State& state) {
 // FLOPs: 3 · (32·T·d² + 4·T²·d) + 2·T·d·V = 96·T·d² + 12·T²·d + 2·T·d·V.
 void BM_token_decoder(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& decoder = cached_module<ldlm::TokenDecoder<S>>("token_decoder", [] { return ldlm::TokenDecoder<S>(kBase); });
+  const auto& decoder = cached_module<ldlm::TokenDecoder<S>>(
+      state, "token_decoder", precision_arg(state), [] { return ldlm::TokenDecoder<S>(kBase); });
   const Mat hidden = random_matrix(kB * kT, kBase.d_model, 1);
   Mat logits(kB * kT, kBase.vocab_size);
   const double swiglu_hidden = static_cast<double>(kBase.token_decoder_mlp_hidden);
@@ -282,7 +330,8 @@ void BM_token_decoder(benchmark::State& state) {
 // FLOPs: 10 · (24·T·d² + 2·T·(T+1)·d) = 240·T·d² + 20·T·(T+1)·d.
 void BM_gpt2_features(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& gpt2 = cached_module<ldlm::GPT2Features<S>>("gpt2_features", [] { return ldlm::GPT2Features<S>(kBase); });
+  const auto& gpt2 = cached_module<ldlm::GPT2Features<S>>(
+      state, "gpt2_features", precision_arg(state), [] { return ldlm::GPT2Features<S>(kBase); });
   std::vector<std::int64_t> tokens(static_cast<std::size_t>(kB * kT));
   std::srand(1);
   for (auto& id : tokens) id = std::rand() % kBase.vocab_size;
@@ -296,24 +345,21 @@ void BM_gpt2_features(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_gemm)->Name("gemm")->Apply(per_thread_count);
-BENCHMARK(BM_layer_norm_gain)->Name("layer_norm_gain")->Apply(per_thread_count);
-BENCHMARK(BM_attn_denoiser)->Name("attn_denoiser")->Apply(per_thread_count);
-BENCHMARK(BM_attn_token_decoder)->Name("attn_token_decoder")->Apply(per_thread_count);
-BENCHMARK(BM_attn_latent)->Name("attn_latent")->Apply(per_thread_count);
-BENCHMARK(BM_attn_gpt2)->Name("attn_gpt2")->Apply(per_thread_count);
-BENCHMARK(BM_ddit_block)->Name("ddit_block")->Apply(per_thread_count);
-BENCHMARK(BM_denoiser)->Name("denoiser")->Apply(per_thread_count);
+BENCHMARK(BM_gemm)->Name("gemm")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_layer_norm_gain)->Name("layer_norm_gain")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_attn_denoiser)->Name("attn_denoiser")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_attn_token_decoder)->Name("attn_token_decoder")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_attn_latent)->Name("attn_latent")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_attn_gpt2)->Name("attn_gpt2")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_ddit_block)->Name("ddit_block")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_denoiser)->Name("denoiser")->Apply(per_thread_count_and_precision);
 BENCHMARK(BM_denoiser_T)
     ->Name("denoiser_T")
-    ->ArgNames({"T", "threads"})
-    ->Args({128, 1})
-    ->Args({256, 1})
-    ->Args({512, 1})
-    ->Args({1024, 1})
+    ->ArgNames({"T", "threads", "bf16"})
+    ->ArgsProduct({{128, 256, 512, 1024}, {1, 2}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK(BM_latent_encoder)->Name("latent_encoder")->Apply(per_thread_count);
-BENCHMARK(BM_latent_decoder)->Name("latent_decoder")->Apply(per_thread_count);
-BENCHMARK(BM_token_decoder)->Name("token_decoder")->Apply(per_thread_count);
-BENCHMARK(BM_gpt2_features)->Name("gpt2_features")->Apply(per_thread_count);
+BENCHMARK(BM_latent_encoder)->Name("latent_encoder")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_latent_decoder)->Name("latent_decoder")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_token_decoder)->Name("token_decoder")->Apply(per_thread_count_and_precision);
+BENCHMARK(BM_gpt2_features)->Name("gpt2_features")->Apply(per_thread_count_and_precision);

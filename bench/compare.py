@@ -1,32 +1,38 @@
 #!/usr/bin/python3
-"""Side-by-side timings of ldlm (bench/bench_layers.cpp) and PyTorch (bench/torch_bench.py).
+"""ldlm's denoiser forward against PyTorch CPU, fp32 and bf16, with the machine's measured peak.
 
-Usage (Debian's python, which has torch and matplotlib):
-    /usr/bin/python3 bench/compare.py [LDLM_BENCH] [--env best|ambient] [--filter REGEX]
-                                      [--repetitions N] [--torch-budget SECONDS]
-LDLM_BENCH defaults to build/default/bench/ldlm_bench (build it first:
-`cmake --preset default && cmake --build build/default --target ldlm_bench`).
+One command (Debian's python, which has torch 1.13):
+    /usr/bin/python3 bench/compare.py --build build/default --out bench/results/<cpu>.md
+Build first: cmake --preset default
+             cmake --build build/default --target ldlm_bench ldlm_cli
 
-Runs the ldlm benchmark, then the PyTorch one (never both at once), matches the
-cases by name and thread count, and writes
-    bench/results/results.json  every number, the environment and both contexts
-    bench/results/results.md    the table: case, threads, ldlm ms, PyTorch ms,
-                                PyTorch/ldlm (> 1: ldlm faster), ldlm GFLOP/s,
-                                % of the FMA peak (214 GFLOP/s per core × threads)
-    bench/results/ratios.png    the ratios per case and thread count, line at 1.0
+What it runs, one after the other (never two at once):
+  1. ldlm: build/.../bench/ldlm_bench, cases denoiser_T (T = 128..1024, 1 and 2
+     threads, bf16:0 and bf16:1) and peak_* (bench_peak.cpp: zmm fp32 FMA and,
+     where the CPU has AVX512_BF16, the vdpbf16ps dot-product peak). ldlm runs as
+     shipped: LDLM_*, ONEDNN_*, DNNL_*, GLIBC_TUNABLES, MALLOC_* and LD_PRELOAD are
+     removed from its environment.
+  2. PyTorch (bench/torch_bench.py, same cases and FLOP counts): fp32, and
+     torch.autocast('cpu', dtype=torch.bfloat16), each at its best. Every variant
+     of TORCH_VARIANTS (instruction set, OpenBLAS core type, OpenMP wait policy, all
+     with the malloc tunables that keep PyTorch's temporaries in the heap) is timed
+     at T = --screen-T; the fastest variant of each (threads, precision) then runs
+     every T, and each row takes the fastest time measured for it.
+  3. Memory: `ldlm generate --length 1024 --ids` at --precision fp32 and bf16, peak
+     RSS of each process (wait4's ru_maxrss), and their ratio.
+Writes --out (markdown: the table, the targets of issue 11, the environment), the
+same name with .json (every number, both benchmark contexts) and with .png (the
+PyTorch/ldlm ratios per T and thread count, fp32 and bf16; needs matplotlib).
 
---env best     (default) both sides without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE,
-               with GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296
-               (big buffers stay in the heap instead of being mapped and faulted in
-               anew on every call); PyTorch also gets ATEN_CPU_CAPABILITY=avx512.
---env ambient  the environment as it is.
-The mode and the variables actually used are written into every output.
+Other forms:
+    compare.py memory --build build/default [--length 1024]   # step 3 alone
+    compare.py ... --quick          # smoke test: T = 128, 1 repetition, short budgets
+    compare.py ... --all-cases      # also every layer/module case of ldlm_bench
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -36,230 +42,550 @@ import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
-PEAK_GFLOPS_PER_CORE = 214.0  # FP32 FMA peak of one core of the target machine (the project's figure)
-REPORTED_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "ATEN_CPU_CAPABILITY", "GLIBC_TUNABLES",
-                 "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-BEST_GLIBC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
+TORCH_PYTHON = "/usr/bin/python3"  # Debian's python3-torch
 TIME_UNIT_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+BEST_GLIBC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
+REPORTED_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "ATEN_CPU_CAPABILITY", "GLIBC_TUNABLES", "OMP_WAIT_POLICY",
+                 "OMP_NUM_THREADS", "LDLM_GEMM_BACKEND", "ONEDNN_MAX_CPU_ISA")
+# ldlm as shipped: nothing that changes its products or its allocator.
+LDLM_SCRUBBED_PREFIXES = ("LDLM_", "ONEDNN_", "DNNL_", "MALLOC_")
+LDLM_SCRUBBED_VARS = ("GLIBC_TUNABLES", "LD_PRELOAD")
+# PyTorch variants: name -> (variables to set, variables to remove). "ambient" is
+# the environment as it is (on this project's VM: OpenBLAS pinned to Haswell and
+# mapped temporaries, several times slower); it runs only when asked for.
+TORCH_VARIANTS = {
+    "avx512": ({"ATEN_CPU_CAPABILITY": "avx512", "GLIBC_TUNABLES": BEST_GLIBC_TUNABLES},
+               ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")),
+    "avx512+SkylakeX": ({"ATEN_CPU_CAPABILITY": "avx512", "OPENBLAS_CORETYPE": "SkylakeX",
+                         "GLIBC_TUNABLES": BEST_GLIBC_TUNABLES}, ("OPENBLAS_L2_SIZE",)),
+    "avx2+Haswell": ({"ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell",
+                      "GLIBC_TUNABLES": BEST_GLIBC_TUNABLES}, ("OPENBLAS_L2_SIZE",)),
+    "avx512+omp-active": ({"ATEN_CPU_CAPABILITY": "avx512", "OMP_WAIT_POLICY": "ACTIVE",
+                           "GLIBC_TUNABLES": BEST_GLIBC_TUNABLES}, ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")),
+    "ambient": ({}, ()),
+}
+DEFAULT_TORCH_VARIANTS = ("avx512", "avx512+SkylakeX", "avx2+Haswell", "avx512+omp-active")
+PRECISIONS = ("fp32", "bf16")
+# Issue 11's targets (denoiser forward, B = 1, T = 1024).
+TARGET_T = 1024
+TARGET_FP32_VS_TORCH = 1.3
+TARGET_FP32_PCT_PEAK = 75.0
+TARGET_BF16_VS_FP32 = 1.6
+TARGET_RSS_RATIO = 0.6
 
 
-def environments(mode: str) -> tuple[dict, dict]:
-    """(ldlm env, torch env) for the mode."""
-    base = dict(os.environ)
-    if mode == "ambient":
-        return base, dict(base)
-    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-        base.pop(var, None)
-    base["GLIBC_TUNABLES"] = BEST_GLIBC_TUNABLES
-    return base, dict(base, ATEN_CPU_CAPABILITY="avx512")
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
-def split_name(name: str) -> tuple[str, int]:
-    """'denoiser_T/T:128/threads:1/real_time' -> ('denoiser_T/T:128', 1)."""
-    parts = [p for p in name.split("/") if p != "real_time"]
-    threads = next(int(p.split(":")[1]) for p in parts if p.startswith("threads:"))
-    return "/".join(p for p in parts if not p.startswith("threads:")), threads
+def ldlm_env() -> dict:
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(LDLM_SCRUBBED_PREFIXES) and k not in LDLM_SCRUBBED_VARS}
 
 
-def run_ldlm(binary: str, env: dict, pattern: str, repetitions: int) -> dict:
+def torch_env(variant: str) -> dict:
+    set_vars, removed = TORCH_VARIANTS[variant]
+    env = {k: v for k, v in os.environ.items() if k not in removed}
+    env.update(set_vars)
+    return env
+
+
+# --- CPU ----------------------------------------------------------------------------
+
+
+def proc_cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def cpu_name(context: dict) -> str:
+    """/proc/cpuinfo's model name, and the CPUID brand (ldlm's) when it differs."""
+    model = proc_cpu_model()
+    brand = context.get("ldlm_cpu_brand", "")
+    if brand and brand != "unknown" and brand != model:
+        return f"{model} (CPUID: {brand})"
+    return model
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "cpu"
+
+
+# --- ldlm ---------------------------------------------------------------------------
+
+
+def parse_ldlm_name(name: str) -> dict:
+    """'denoiser_T/T:128/threads:1/bf16:0/real_time' -> {case: 'denoiser_T/T:128', threads: 1, precision: 'fp32'}."""
+    parts = [p for p in name.split("/") if p != "real_time" and not p.startswith("repeats:")]
+    out = {"threads": 1, "precision": "fp32"}
+    case = []
+    for p in parts:
+        if p.startswith("threads:"):
+            out["threads"] = int(p.split(":")[1])
+        elif p.startswith("bf16:"):
+            out["precision"] = "bf16" if p.split(":")[1] == "1" else "fp32"
+        else:
+            case.append(p)
+    out["case"] = "/".join(case)
+    return out
+
+
+def run_ldlm(binary: str, pattern: str, repetitions: int, min_time: float | None) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
         path = out.name
-    cmd = [binary, f"--benchmark_out={path}", "--benchmark_out_format=json"]
-    if pattern:
-        cmd.append(f"--benchmark_filter={pattern}")
-    if repetitions > 1:
-        cmd += [f"--benchmark_repetitions={repetitions}", "--benchmark_report_aggregates_only=true"]
-    print("+", " ".join(cmd), file=sys.stderr)
-    subprocess.run(cmd, env=env, check=True, stdout=sys.stderr)  # console table as progress
-    if os.path.getsize(path) == 0:
-        sys.exit(f"compare.py: no ldlm benchmark matches --filter {pattern!r} (ldlm names look like "
-                 "'denoiser/threads:1/real_time')")
+    cmd = [binary, f"--benchmark_out={path}", "--benchmark_out_format=json", f"--benchmark_filter={pattern}"]
+    if repetitions > 1:  # the file keeps every repetition: the peak takes the fastest
+        cmd += [f"--benchmark_repetitions={repetitions}", "--benchmark_display_aggregates_only=true"]
+    if min_time is not None:
+        cmd.append(f"--benchmark_min_time={min_time}")
+    log("+ " + " ".join(cmd))
+    subprocess.run(cmd, env=ldlm_env(), check=True, stdout=sys.stderr)  # console table as progress
     with open(path) as f:
         doc = json.load(f)
     os.unlink(path)
-    results = {}
+    results, peaks = {}, {}
+    # Cases: the median over repetitions (the single run without repetitions). Peaks:
+    # the fastest repetition, since a peak is what the machine can do at best.
     for b in doc["benchmarks"]:
-        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+        aggregate = b.get("run_type") == "aggregate"
+        if aggregate and b.get("aggregate_name") != "median":
             continue
-        case, threads = split_name(b.get("run_name", b["name"]))
-        results[(case, threads)] = {
-            "ms": b["real_time"] * TIME_UNIT_MS[b["time_unit"]],
-            "cpu_ms": b["cpu_time"] * TIME_UNIT_MS[b["time_unit"]],  # calling thread only
-            "flops": b["FLOPS"] * b["real_time"] * TIME_UNIT_MS[b["time_unit"]] * 1e-3,  # rate × seconds
-            "iterations": b["iterations"],
-        }
-    return {"context": doc["context"], "results": results}
+        key = parse_ldlm_name(b.get("run_name", b["name"]))
+        if b.get("error_occurred"):
+            log(f"ldlm: {b['name']}: {b.get('error_message', 'error')}")
+            continue
+        ms = b["real_time"] * TIME_UNIT_MS[b["time_unit"]]
+        entry = {"ms": ms, "cpu_ms": b["cpu_time"] * TIME_UNIT_MS[b["time_unit"]],
+                 "gflops": b["FLOPS"] * 1e-9, "flops": b["FLOPS"] * ms * 1e-3, "label": b.get("label", "")}
+        if key["case"].startswith("peak_"):
+            k = (key["case"], key["threads"])
+            if not aggregate and (k not in peaks or entry["gflops"] > peaks[k]["gflops"]):
+                peaks[k] = entry
+        elif aggregate or repetitions <= 1:
+            results[(key["case"], key["threads"], key["precision"])] = entry
+    return {"context": doc["context"], "results": results, "peaks": peaks}
 
 
-def run_torch(env: dict, pattern: str, budget: float) -> dict:
-    cmd = [sys.executable, os.path.join(BENCH_DIR, "torch_bench.py"), "--budget", str(budget)]
-    if pattern:
-        cmd += ["--filter", pattern]
-    print("+", " ".join(cmd), file=sys.stderr)
-    doc = json.loads(subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout)
-    return {"context": doc["context"], "results": {(b["name"], b["threads"]): b for b in doc["benchmarks"]}}
+# --- PyTorch ------------------------------------------------------------------------
 
 
-def case_order(ldlm: dict) -> list:
-    seen = []
-    for key in ldlm:
-        if key[0] not in seen:
-            seen.append(key[0])
-    return seen
+def run_torch(variant: str, pattern: str, threads: list, precisions: list, budget: float, min_reps: int) -> dict:
+    cmd = [TORCH_PYTHON, os.path.join(BENCH_DIR, "torch_bench.py"), "--filter", pattern,
+           "--threads", ",".join(map(str, threads)), "--precisions", ",".join(precisions),
+           "--budget", str(budget), "--min-reps", str(min_reps)]
+    log(f"+ [{variant}] " + " ".join(cmd))
+    doc = json.loads(subprocess.run(cmd, env=torch_env(variant), check=True, stdout=subprocess.PIPE, text=True).stdout)
+    return doc
 
 
-def build_rows(ldlm: dict, torch: dict) -> list:
+def torch_best(variants: list, case_pattern: str, screen_pattern: str, threads: list, budget: float,
+               screen_budget: float, min_reps: int) -> tuple[dict, dict, list]:
+    """Times every variant on the screen case, then the fastest variant of each
+    (threads, precision) on every case. Returns ({(case, threads, precision): best
+    result + variant}, {(threads, precision): screen winner}, raw runs)."""
+    measured, runs = {}, []
+
+    def add(doc, variant):
+        runs.append({"variant": variant, "context": doc["context"], "benchmarks": doc["benchmarks"]})
+        for b in doc["benchmarks"]:
+            key = (b["name"], b["threads"], b.get("precision", "fp32"))
+            r = dict(b, variant=variant, cpu_capability=doc["context"]["cpu_capability"].get(str(b["threads"])))
+            measured.setdefault(key, []).append(r)
+
+    screen = {}
+    if len(variants) > 1:
+        for v in variants:
+            doc = run_torch(v, screen_pattern, threads, list(PRECISIONS), screen_budget, min_reps)
+            add(doc, v)
+            for b in doc["benchmarks"]:
+                k = (b["threads"], b["precision"])
+                if k not in screen or b["ms"] < screen[k][1]:
+                    screen[k] = (v, b["ms"])
+        winners = {k: v for k, (v, _) in screen.items()}
+    else:
+        winners = {(n, p): variants[0] for n in threads for p in PRECISIONS}
+    # One run per winning variant, over the (threads, precision) pairs it won.
+    by_variant = {}
+    for (n, p), v in sorted(winners.items()):
+        by_variant.setdefault(v, {"threads": set(), "precisions": set(), "pairs": set()})
+        by_variant[v]["threads"].add(n)
+        by_variant[v]["precisions"].add(p)
+        by_variant[v]["pairs"].add((n, p))
+    for v, want in by_variant.items():
+        doc = run_torch(v, case_pattern, sorted(want["threads"]), [p for p in PRECISIONS if p in want["precisions"]],
+                        budget, min_reps)
+        doc["benchmarks"] = [b for b in doc["benchmarks"] if (b["threads"], b["precision"]) in want["pairs"]]
+        add(doc, v)
+    best = {k: min(rs, key=lambda r: r["ms"]) for k, rs in measured.items()}
+    return best, winners, runs
+
+
+# --- memory -------------------------------------------------------------------------
+
+
+def run_rss(cmd: list, env: dict) -> tuple[float, float]:
+    """(peak RSS in MiB, wall seconds) of one process, from wait4's rusage."""
+    log("+ " + " ".join(cmd))
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"compare.py: {' '.join(cmd)} exited with {proc.returncode}")
+    return usage.ru_maxrss / 1024.0, time.perf_counter() - start  # Linux: ru_maxrss in KiB
+
+
+def measure_memory(ldlm_tool: str, length: int, steps: int | None, threads: int | None) -> dict:
+    if not os.access(ldlm_tool, os.X_OK):
+        sys.exit(f"compare.py: no ldlm tool at {ldlm_tool} (cmake --build BUILD --target ldlm_cli)")
+    out = {"length": length, "steps": steps, "threads": threads, "runs": {}}
+    for p in PRECISIONS:
+        cmd = [ldlm_tool, "generate", "--precision", p, "--length", str(length), "--ids", "--output", os.devnull]
+        if steps is not None:
+            cmd += ["--steps", str(steps)]
+        if threads is not None:
+            cmd += ["--threads", str(threads)]
+        rss, seconds = run_rss(cmd, ldlm_env())
+        out["runs"][p] = {"command": " ".join(cmd), "peak_rss_mib": rss, "seconds": seconds}
+        log(f"ldlm generate --precision {p} --length {length}: peak RSS {rss:.1f} MiB, {seconds:.1f} s")
+    out["ratio"] = out["runs"]["bf16"]["peak_rss_mib"] / out["runs"]["fp32"]["peak_rss_mib"]
+    return out
+
+
+def memory_markdown(mem: dict) -> list:
+    fp32, bf16 = mem["runs"]["fp32"], mem["runs"]["bf16"]
+    steps = f", --steps {mem['steps']}" if mem["steps"] is not None else " (default steps)"
+    return [
+        f"## Memory: `ldlm generate --length {mem['length']}`{steps}",
+        "",
+        "| precision | peak RSS MiB | wall s |",
+        "|---|---:|---:|",
+        f"| fp32 | {fp32['peak_rss_mib']:.1f} | {fp32['seconds']:.1f} |",
+        f"| bf16 | {bf16['peak_rss_mib']:.1f} | {bf16['seconds']:.1f} |",
+        "",
+        f"bf16 / fp32 peak RSS: **{mem['ratio']:.3f}** (target ≤ {TARGET_RSS_RATIO}). Peak RSS is the process's "
+        "ru_maxrss (wait4), as /usr/bin/time -v reports it.",
+    ]
+
+
+# --- report -------------------------------------------------------------------------
+
+
+def fmt(v, spec, suffix=""):
+    return "—" if v is None else format(v, spec) + suffix
+
+
+def ratio(a, b):
+    return a / b if a is not None and b is not None and b > 0 else None
+
+
+def peak_of(peaks: dict, name: str, threads: int):
+    e = peaks.get((name, threads))
+    return e["gflops"] if e else None
+
+
+def build_rows(ldlm: dict, torch: dict, case_filter, threads_list: list) -> list:
     rows = []
-    for case in case_order(ldlm):
-        for (c, threads), r in sorted(ldlm.items(), key=lambda kv: kv[0][1]):
-            if c != case:
+    cases = []
+    for (case, _, _) in ldlm["results"]:
+        if case_filter(case) and case not in cases:
+            cases.append(case)
+    for case in cases:
+        for n in threads_list:
+            f, b = ldlm["results"].get((case, n, "fp32")), ldlm["results"].get((case, n, "bf16"))
+            tf, tb = torch.get((case, n, "fp32")), torch.get((case, n, "bf16"))
+            if not f and not b:
                 continue
-            t = torch.get((case, threads))
-            gflops = r["flops"] / (r["ms"] * 1e-3) * 1e-9
+            pf, pb = peak_of(ldlm["peaks"], "peak_fma_fp32", n), peak_of(ldlm["peaks"], "peak_dot_bf16", n)
             rows.append({
-                "case": case, "threads": threads, "ldlm_ms": r["ms"], "torch_ms": t["ms"] if t else None,
-                # CPU time (ldlm: calling thread; PyTorch: whole process): at one thread, a
-                # hint that survives a loaded machine.
-                "ldlm_cpu_ms": r["cpu_ms"], "torch_cpu_ms": t.get("cpu_ms") if t else None,
-                "ratio": t["ms"] / r["ms"] if t else None, "flops": r["flops"], "ldlm_gflops": gflops,
-                "torch_gflops": r["flops"] / (t["ms"] * 1e-3) * 1e-9 if t else None,
-                "pct_peak": 100 * gflops / (PEAK_GFLOPS_PER_CORE * threads),
+                "case": case, "threads": n,
+                "ldlm_fp32_ms": f and f["ms"], "ldlm_bf16_ms": b and b["ms"],
+                "torch_fp32_ms": tf and tf["ms"], "torch_bf16_ms": tb and tb["ms"],
+                "torch_fp32_variant": tf and tf["variant"], "torch_bf16_variant": tb and tb["variant"],
+                "ldlm_fp32_gflops": f and f["gflops"], "ldlm_bf16_gflops": b and b["gflops"],
+                "torch_fp32_over_ldlm_fp32": ratio(tf and tf["ms"], f and f["ms"]),
+                "torch_bf16_over_ldlm_bf16": ratio(tb and tb["ms"], b and b["ms"]),
+                "ldlm_fp32_over_ldlm_bf16": ratio(f and f["ms"], b and b["ms"]),
+                "peak_fp32_gflops": pf, "peak_bf16_gflops": pb,
+                "fp32_pct_peak": ratio(f and f["gflops"], pf) and 100 * ratio(f["gflops"], pf),
+                "bf16_pct_fp32_peak": ratio(b and b["gflops"], pf) and 100 * ratio(b["gflops"], pf),
+                "bf16_pct_bf16_peak": ratio(b and b["gflops"], pb) and 100 * ratio(b["gflops"], pb),
+                "ldlm_fp32_label": f and f["label"], "ldlm_bf16_label": b and b["label"],
+                "ldlm_fp32_cpu_ms": f and f["cpu_ms"], "ldlm_bf16_cpu_ms": b and b["cpu_ms"],
+                "torch_fp32_cpu_ms": tf and tf.get("cpu_ms"), "torch_bf16_cpu_ms": tb and tb.get("cpu_ms"),
             })
     return rows
 
 
-def fmt(v, spec):
-    return "—" if v is None else format(v, spec)
+def case_T(case: str) -> int:
+    return int(case.split("T:")[1]) if "T:" in case else TARGET_T
 
 
-def write_markdown(path: str, rows: list, meta: dict) -> None:
+def path_text(ctx: dict) -> str:
+    return (f"fp32 {ctx.get('ldlm_fp32_linear', '?')} / {ctx.get('ldlm_fp32_attention', '?')}; "
+            f"bf16 {ctx.get('ldlm_bf16_linear', '?')} / {ctx.get('ldlm_bf16_attention', '?')}")
+
+
+def table(rows: list, ctx: dict, cpu: str, first_col: str) -> list:
+    path = path_text(ctx)
     lines = [
-        f"# ldlm vs PyTorch CPU — env `{meta['env_mode']}`",
-        "",
-        f"{meta['date']}, {meta['host_cpu']}, load average before the run {meta['load_average']}. "
-        f"PyTorch {meta['torch_version']} (CPU capability {meta['torch_cpu_capability']}). "
-        f"B = 1, T = 1024, float32. Environment: " +
-        ", ".join(f"`{k}={v}`" for k, v in meta["env_ldlm"].items() if v is not None) +
-        (f"; PyTorch also `ATEN_CPU_CAPABILITY={meta['env_torch']['ATEN_CPU_CAPABILITY']}`"
-         if meta["env_torch"].get("ATEN_CPU_CAPABILITY") != meta["env_ldlm"].get("ATEN_CPU_CAPABILITY") else "") + ".",
-        "",
-        "Ratio = PyTorch ms / ldlm ms (> 1: ldlm faster). GFLOP/s count useful FLOPs (formulas in "
-        "bench/bench_layers.cpp); peak = 214 GFLOP/s per core × threads. results.json also "
-        "holds CPU times (ldlm: calling thread; PyTorch: process), a hint at one thread when the machine is loaded.",
-        "",
-        "| case | threads | ldlm ms | PyTorch ms | PyTorch/ldlm | ldlm GFLOP/s | % of peak |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| {first_col} | threads | ldlm fp32 ms | ldlm bf16 ms | PyTorch fp32 ms | PyTorch bf16 ms | "
+        "PyTorch fp32 / ldlm fp32 | PyTorch bf16 / ldlm bf16 | ldlm fp32 / ldlm bf16 | "
+        "ldlm fp32 % of fp32 peak | ldlm bf16 % of bf16 peak | path (linear / attention) | CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['case']} | {r['threads']} | {r['ldlm_ms']:.2f} | {fmt(r['torch_ms'], '.2f')} | "
-                     f"{fmt(r['ratio'], '.2f')} | {r['ldlm_gflops']:.1f} | {r['pct_peak']:.1f} |")
-    scaling = [r for r in rows if r["case"].startswith("denoiser_T/")]
-    if scaling:
-        first = scaling[0]
-        lines += ["", "## Denoiser scaling (1 thread)", "",
-                  "| T | ldlm ms | × T=" + first["case"].split(":")[1] + " | PyTorch ms | PyTorch/ldlm |",
-                  "|---:|---:|---:|---:|---:|"]
-        for r in scaling:
-            lines.append(f"| {r['case'].split(':')[1]} | {r['ldlm_ms']:.1f} | {r['ldlm_ms'] / first['ldlm_ms']:.2f} | "
-                         f"{fmt(r['torch_ms'], '.1f')} | {fmt(r['ratio'], '.2f')} |")
+        first = str(case_T(r["case"])) if first_col == "T" else r["case"]
+        lines.append(
+            f"| {first} | {r['threads']} | {fmt(r['ldlm_fp32_ms'], '.1f')} | {fmt(r['ldlm_bf16_ms'], '.1f')} | "
+            f"{fmt(r['torch_fp32_ms'], '.1f')} | {fmt(r['torch_bf16_ms'], '.1f')} | "
+            f"{fmt(r['torch_fp32_over_ldlm_fp32'], '.2f', '×')} | {fmt(r['torch_bf16_over_ldlm_bf16'], '.2f', '×')} | "
+            f"{fmt(r['ldlm_fp32_over_ldlm_bf16'], '.2f', '×')} | {fmt(r['fp32_pct_peak'], '.1f')} | "
+            f"{fmt(r['bf16_pct_bf16_peak'], '.1f')} | {path} | {cpu} |")
+    return lines
+
+
+def targets(rows: list, mem: dict | None, ctx: dict) -> list:
+    def mark(ok):
+        return "—" if ok is None else ("PASS" if ok else "FAIL")
+
+    lines = [f"## Targets (denoiser forward, B = 1, T = {TARGET_T}, ldlm as shipped)", "",
+             "| target | threads | measured | result |", "|---|---:|---:|---|"]
+    at = [r for r in rows if case_T(r["case"]) == TARGET_T]
+    if not at:
+        lines.append(f"| (T = {TARGET_T} not run: --T) | | | — |")
+    for r in at:
+        v = r["torch_fp32_over_ldlm_fp32"]
+        lines.append(f"| fp32 ≥ {TARGET_FP32_VS_TORCH}× PyTorch fp32 best | {r['threads']} | {fmt(v, '.2f', '×')} | "
+                     f"{mark(None if v is None else v >= TARGET_FP32_VS_TORCH)} |")
+    zmm = "zmm" in ctx.get("ldlm_peak_fp32_kernel", "")
+    for r in at:
+        v = r["fp32_pct_peak"]
+        ok = None if v is None else v >= TARGET_FP32_PCT_PEAK
+        note = "" if zmm else " (peak not zmm: no AVX-512)"
+        lines.append(f"| fp32 ≥ {TARGET_FP32_PCT_PEAK:.0f}% of measured zmm FMA peak{note} | {r['threads']} | "
+                     f"{fmt(v, '.1f', '%')} | {mark(ok)} |")
+    amx = "amx" in ctx.get("ldlm_bf16_linear", "")
+    for r in at:
+        v = r["ldlm_fp32_over_ldlm_bf16"]
+        note = " (**AMX ran**: not the no-AMX figure)" if amx else " (no AMX)"
+        lines.append(f"| bf16 ≥ {TARGET_BF16_VS_FP32}× ldlm fp32{note} | {r['threads']} | {fmt(v, '.2f', '×')} | "
+                     f"{mark(None if v is None else v >= TARGET_BF16_VS_FP32)} |")
+    if mem:
+        lines.append(f"| generate --length {mem['length']}: bf16 peak RSS ≤ {TARGET_RSS_RATIO}× fp32 | "
+                     f"{mem['threads'] or 'all'} | {mem['ratio']:.3f} | {mark(mem['ratio'] <= TARGET_RSS_RATIO)} |")
+    return lines
+
+
+def write_markdown(path: str, doc: dict) -> None:
+    meta, ctx, rows = doc["meta"], doc["ldlm_context"], doc["rows"]
+    peaks = doc["peaks"]
+    cpu = meta["cpu"]
+    lines = [
+        f"# ldlm vs PyTorch CPU: denoiser forward, fp32 and bf16 — {cpu}",
+        "",
+        f"{meta['date']}, {os.cpu_count()} logical CPUs, load average before the run {meta['load_average']}. "
+        f"CPU features (CPUID): {ctx.get('ldlm_cpu_features', '?')}. ldlm products: {ctx.get('ldlm_products', '?')}. "
+        f"PyTorch {meta['torch_version']}.",
+        "",
+        "Measured peak (bench_peak.cpp, GFLOP/s): " + ", ".join(
+            f"{name} {n}T {fmt(peak_of(peaks, name, n), '.1f')}" for name in ("peak_fma_fp32", "peak_dot_bf16")
+            for n in meta["threads"]) +
+        f" (kernels: fp32 {ctx.get('ldlm_peak_fp32_kernel', '?')}, bf16 {ctx.get('ldlm_peak_bf16_kernel', '?')}).",
+        "",
+        "Ratios > 1 mean ldlm (or ldlm bf16, in the last ratio) is faster. Rates count useful FLOPs, the same in "
+        "both precisions (294·T·d² + 48·T²·d, bench/README.md); % of peak = ldlm GFLOP/s / measured peak at that "
+        "thread count (bf16 also as % of the fp32 peak in the JSON). PyTorch: fp32 and "
+        "torch.autocast('cpu', dtype=torch.bfloat16), each the fastest variant measured "
+        "(variants and winners below). ldlm: no environment variables (LDLM_*, ONEDNN_*, DNNL_*, GLIBC_TUNABLES "
+        f"removed); {meta['ldlm_repetitions']} repetition(s), median.",
+        "",
+        "## Denoiser forward against T",
+        "",
+    ]
+    lines += table([r for r in rows if r["case"].startswith("denoiser_T/")], ctx, cpu, "T")
+    lines += [""] + targets([r for r in rows if r["case"].startswith("denoiser_T/")], doc.get("memory"), ctx)
+    if doc.get("memory"):
+        lines += [""] + memory_markdown(doc["memory"])
+    other = [r for r in rows if not r["case"].startswith("denoiser_T/")]
+    if other:
+        lines += ["", "## Every case (B = 1, T = 1024)", ""] + table(other, ctx, cpu, "case")
+    screened = ("Screened on `" + meta["screen_case"] + "`; the winner of each (threads, precision) ran every case."
+                if len(meta["torch_variants"]) > 1 else "One variant (--torch-variants), no screening.")
+    lines += ["", "## PyTorch variants", "", screened, "",
+              "| variant | environment |", "|---|---|"]
+    for v in meta["torch_variants"]:
+        set_vars, removed = TORCH_VARIANTS[v]
+        desc = ", ".join(f"`{k}={val}`" for k, val in set_vars.items()) or "as is"
+        if removed:
+            desc += "; unset " + ", ".join(f"`{k}`" for k in removed)
+        lines.append(f"| {v} | {desc} |")
+    lines += ["", "| threads | precision | winner |", "|---:|---|---|"]
+    for (n, p), v in sorted(doc["torch_winners_keyed"].items()):
+        lines.append(f"| {n} | {p} | {v} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
-def write_plot(path: str, rows: list, env_mode: str) -> None:
+def write_plot(path: str, rows: list, cpu: str) -> None:
+    """PyTorch time / ldlm time per (T, threads), fp32 and bf16 bars, log scale, line at 1."""
+    import math
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    rows = [r for r in rows if r["ratio"] is not None]
-    cases = case_order({(r["case"], r["threads"]): r for r in rows})
-    thread_counts = sorted({r["threads"] for r in rows})
-    width = 0.8 / max(len(thread_counts), 1)
-    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(cases) + 2), 5))
-    for i, n in enumerate(thread_counts):
-        xs, ys = [], []
-        for j, case in enumerate(cases):
-            r = next((r for r in rows if r["case"] == case and r["threads"] == n), None)
-            if r:
-                xs.append(j + (i - (len(thread_counts) - 1) / 2) * width)
-                ys.append(r["ratio"])
-        ax.bar(xs, ys, width, label=f"{n} thread{'s' if n > 1 else ''}")
+    rows = [r for r in rows if r["case"].startswith("denoiser_T/")]
+    series = [("fp32", "torch_fp32_over_ldlm_fp32"), ("bf16 (PyTorch autocast)", "torch_bf16_over_ldlm_bf16")]
+    values = [r[k] for r in rows for _, k in series if r[k]]
+    if not values:
+        return
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows) + 2), 5))
+    width = 0.8 / len(series)
+    for i, (label, key) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j, r in enumerate(rows) if r[key]]
+        ys = [r[key] for r in rows if r[key]]
+        ax.bar(xs, ys, width, label=label)
         for x, y in zip(xs, ys):
             ax.annotate(f"{y:.2f}", (x, y), ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=1)
     ax.set_yscale("log")  # a ratio and its inverse sit at equal distances from 1
-    lo, hi = min(r["ratio"] for r in rows), max(r["ratio"] for r in rows)
+    lo, hi = min(values), max(values)
     ticks = [2.0 ** k for k in range(math.floor(math.log2(min(lo, 1.0))), math.ceil(math.log2(max(hi, 1.0))) + 1)]
     ax.set_yticks(ticks)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylim(ticks[0] / 1.1, ticks[-1] * 1.1)
-    ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels(cases, rotation=45, ha="right")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"T={case_T(r['case'])}\n{r['threads']} thr" for r in rows])
     ax.set_ylabel("PyTorch time / ldlm time  (> 1: ldlm faster)")
-    ax.set_title(f"ldlm vs PyTorch CPU, B=1, T=1024 (env: {env_mode})")
+    ax.set_title(f"Denoiser forward, B=1: ldlm vs PyTorch best ({cpu})", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip() + f" × {os.cpu_count()}"
-    except OSError:
-        pass
-    return "unknown CPU"
+# --- main ---------------------------------------------------------------------------
+
+
+def parse_list(text: str, kind=int) -> list:
+    return [kind(s) for s in text.split(",") if s]
+
+
+def main_memory(argv: list) -> None:
+    parser = argparse.ArgumentParser(prog="compare.py memory",
+                                     description="Peak RSS of ldlm generate, fp32 against bf16.")
+    parser.add_argument("--build", default=os.path.join(REPO, "build", "default"))
+    parser.add_argument("--length", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=None, help="denoiser steps (default: the CLI's)")
+    parser.add_argument("--threads", type=int, default=None, help="default: the CLI's (all cores)")
+    args = parser.parse_args(argv)
+    mem = measure_memory(os.path.join(args.build, "tools", "ldlm"), args.length, args.steps, args.threads)
+    print("\n".join(memory_markdown(mem)))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("ldlm_bench", nargs="?", default=os.path.join(REPO, "build", "default", "bench", "ldlm_bench"))
-    parser.add_argument("--env", choices=("best", "ambient"), default="best")
-    parser.add_argument("--filter", default="", help="regex on case names, passed to both sides")
-    parser.add_argument("--repetitions", type=int, default=1, help="ldlm repetitions (median is used)")
+    if len(sys.argv) > 1 and sys.argv[1] == "memory":
+        main_memory(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--build", default=os.path.join(REPO, "build", "default"), help="CMake build directory")
+    parser.add_argument("--out", default=None, help="markdown output (default bench/results/<cpuid brand>.md); "
+                        "the JSON goes next to it")
+    parser.add_argument("--T", default="128,256,512,1024", help="sequence lengths of the denoiser table")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--repetitions", type=int, default=3, help="ldlm repetitions (median)")
+    parser.add_argument("--min-time", type=float, default=None, help="ldlm --benchmark_min_time (seconds)")
     parser.add_argument("--torch-budget", type=float, default=2.0, help="seconds of timed PyTorch calls per case")
-    parser.add_argument("--out-dir", default=os.path.join(BENCH_DIR, "results"))
+    parser.add_argument("--torch-min-reps", type=int, default=3)
+    parser.add_argument("--torch-variants", default=",".join(DEFAULT_TORCH_VARIANTS),
+                        help="comma-separated, or 'all' (adds 'ambient'); one name skips the screening. "
+                        "Known: " + ", ".join(TORCH_VARIANTS))
+    parser.add_argument("--screen-T", type=int, default=256, help="T of the variant screening")
+    parser.add_argument("--screen-budget", type=float, default=1.0)
+    parser.add_argument("--memory-length", type=int, default=1024)
+    parser.add_argument("--memory-steps", type=int, default=None, help="default: the CLI's")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--all-cases", action="store_true", help="also every other ldlm_bench case")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: T=128, 1 repetition, short budgets, memory at --length 128 and 2 steps")
     args = parser.parse_args()
-    if not os.access(args.ldlm_bench, os.X_OK):
-        sys.exit(f"compare.py: no ldlm_bench at {args.ldlm_bench}; build it or pass its path")
+    if args.quick:
+        args.T, args.repetitions, args.min_time = "128", 1, 0.01
+        args.torch_budget, args.screen_budget, args.torch_min_reps = 0.2, 0.2, 1
+        args.screen_T, args.memory_length, args.memory_steps = 128, 128, 2
 
-    ldlm_env, torch_env = environments(args.env)
+    bench = os.path.join(args.build, "bench", "ldlm_bench")
+    tool = os.path.join(args.build, "tools", "ldlm")
+    if not os.access(bench, os.X_OK):
+        sys.exit(f"compare.py: no ldlm_bench at {bench} (cmake --build {args.build} --target ldlm_bench)")
+    if not args.no_memory and not os.access(tool, os.X_OK):
+        sys.exit(f"compare.py: no ldlm tool at {tool} (cmake --build {args.build} --target ldlm_cli), or --no-memory")
+    variants = list(TORCH_VARIANTS) if args.torch_variants == "all" else parse_list(args.torch_variants, str)
+    for v in variants:
+        if v not in TORCH_VARIANTS:
+            sys.exit(f"compare.py: unknown --torch-variants entry {v!r}; known: {', '.join(TORCH_VARIANTS)}")
+    Ts, threads = parse_list(args.T), parse_list(args.threads)
+    t_alt, n_alt = "|".join(map(str, Ts)), "|".join(map(str, threads))
+
+    started = time.time()
     load = os.getloadavg()
-    ldlm = run_ldlm(args.ldlm_bench, ldlm_env, args.filter, args.repetitions)
-    torch = run_torch(torch_env, args.filter, args.torch_budget)
-    rows = build_rows(ldlm["results"], torch["results"])
-    if not any(r["torch_ms"] is not None for r in rows):
-        sys.exit("compare.py: no case ran on both sides; --filter matches case names such as "
-                 "'denoiser' or '^attn_' (without the '/threads:N' suffix)")
+    # ldlm: the cases, then the peak (registration order), in one process.
+    pattern = f"^(denoiser_T/T:({t_alt})/threads:({n_alt})/|peak_[a-z0-9_]+/threads:({n_alt})/"
+    pattern += f"|[a-z0-9_]+/threads:({n_alt})/bf16:" if args.all_cases else ""
+    pattern += ")"
+    ldlm = run_ldlm(bench, pattern, args.repetitions, args.min_time)
 
+    torch_cases = f"^denoiser_T/T:({t_alt})$" + ("|^(?!denoiser_T)" if args.all_cases else "")
+    screen_case = f"^denoiser_T/T:{args.screen_T}$"
+    torch, winners, torch_runs = torch_best(variants, torch_cases, screen_case, threads, args.torch_budget,
+                                            args.screen_budget, args.torch_min_reps)
+    mem = None if args.no_memory else measure_memory(tool, args.memory_length, args.memory_steps, None)
+
+    ctx = ldlm["context"]
+    rows = build_rows(ldlm, torch, lambda c: c.startswith("denoiser_T/") and case_T(c) in Ts, threads)
+    rows.sort(key=lambda r: (case_T(r["case"]), r["threads"]))
+    if args.all_cases:
+        rows += build_rows(ldlm, torch, lambda c: not c.startswith("denoiser_T"), threads)
+    torch_version = torch_runs[0]["context"]["torch_version"] if torch_runs else "?"
     meta = {
-        "env_mode": args.env,
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "host_cpu": cpu_name(),
-        "load_average": " / ".join(f"{x:.1f}" for x in load),
-        "torch_version": torch["context"]["torch_version"],
-        "torch_cpu_capability": ", ".join(f"{n}T: {c}" for n, c in torch["context"]["cpu_capability"].items()),
-        "env_ldlm": {v: ldlm_env.get(v) for v in REPORTED_VARS},
-        "env_torch": {v: torch_env.get(v) for v in REPORTED_VARS},
-        "peak_gflops_per_core": PEAK_GFLOPS_PER_CORE,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"), "cpu": cpu_name(ctx), "proc_cpu_model": proc_cpu_model(),
+        "load_average": " / ".join(f"{x:.1f}" for x in load), "load_average_after": os.getloadavg(),
+        "duration_s": None, "threads": threads, "T": Ts, "ldlm_repetitions": args.repetitions,
+        "torch_version": torch_version, "torch_variants": variants, "screen_case": screen_case,
+        "env_ldlm": {v: ldlm_env().get(v) for v in REPORTED_VARS},
+        "command": " ".join(sys.argv),
     }
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "results.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows, "ldlm_context": ldlm["context"], "torch_context": torch["context"]},
-                  f, indent=2)
+    doc = {"meta": meta, "rows": rows, "peaks": ldlm["peaks"], "memory": mem, "ldlm_context": ctx,
+           "torch_winners_keyed": winners, "torch_runs": torch_runs}
+    out = args.out or os.path.join(BENCH_DIR, "results", slug(ctx.get("ldlm_cpu_brand") or proc_cpu_model()) + ".md")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    meta["duration_s"] = round(time.time() - started, 1)
+    write_markdown(out, doc)
+    json_doc = dict(doc, peaks={f"{k[0]}/threads:{k[1]}": v for k, v in ldlm["peaks"].items()},
+                    torch_winners_keyed={f"threads:{k[0]}/{k[1]}": v for k, v in winners.items()})
+    with open(os.path.splitext(out)[0] + ".json", "w") as f:
+        json.dump(json_doc, f, indent=2)
         f.write("\n")
-    write_markdown(os.path.join(args.out_dir, "results.md"), rows, meta)
-    write_plot(os.path.join(args.out_dir, "ratios.png"), rows, args.env)
-    missing = [f"{r['case']}@{r['threads']}" for r in rows if r["torch_ms"] is None]
+    try:
+        write_plot(os.path.splitext(out)[0] + ".png", rows, meta["cpu"])
+    except ImportError:
+        log("compare.py: no matplotlib, no plot")
+    missing = [f"{r['case']}@{r['threads']}" for r in rows if r["torch_fp32_ms"] is None or r["torch_bf16_ms"] is None]
     if missing:
-        print("compare.py: no PyTorch timing for " + ", ".join(missing), file=sys.stderr)
-    with open(os.path.join(args.out_dir, "results.md")) as f:
+        log("compare.py: no PyTorch timing for " + ", ".join(missing))
+    with open(out) as f:
         print(f.read())
+    log(f"compare.py: wrote {out} and {os.path.splitext(out)[0]}.json in {meta['duration_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,14 @@
 """PyTorch CPU timings of the cases in bench/bench_layers.cpp, under the same names.
 
 Usage (Debian's python, which has torch 1.13; the pyenv `python3` on PATH has none):
-    /usr/bin/python3 bench/torch_bench.py [--threads 1,2] [--filter REGEX]
+    /usr/bin/python3 bench/torch_bench.py [--threads 1,2] [--filter REGEX] [--precisions fp32,bf16]
                                           [--min-reps 3] [--max-reps 50] [--budget 2.0]
 Prints one JSON document on stdout; progress goes to stderr.
+
+Precisions: fp32 (plain eval) and bf16, which runs the same fp32 module under
+torch.autocast('cpu', dtype=torch.bfloat16), the way PyTorch users run bf16 on a
+CPU (autocast casts the weights on every call; that cost is PyTorch's and counted).
+Each result carries its "precision".
 
 The modules come from tools/reference/ldlm_torch.py at ldlm-base sizes (B = 1,
 T = 1024), weights from tools/reference/ldlm_init.py (the generator C++'s
@@ -96,8 +101,8 @@ def case_list(threads: int):
         ("ddit_block", ("ddit_block", lambda: lt.DenoiserBlock(cfg)), ddit_block),
         ("denoiser", ("denoiser", lambda: lt.Denoiser(cfg)), denoiser_at(T)),
     ]
-    if threads == 1:  # the scaling table is one-thread only, as in C++
-        cases += [(f"denoiser_T/T:{n}", ("denoiser", lambda: lt.Denoiser(cfg)), denoiser_at(n)) for n in SCALING_T]
+    # The scaling table, at every thread count, as in C++.
+    cases += [(f"denoiser_T/T:{n}", ("denoiser", lambda: lt.Denoiser(cfg)), denoiser_at(n)) for n in SCALING_T]
     cases += [
         ("latent_encoder", ("latent_encoder", lambda: lt.LatentEncoder(cfg)), one_input),
         ("latent_decoder", ("latent_decoder", lambda: lt.LatentDecoder(cfg)), one_input),
@@ -127,6 +132,14 @@ def time_case(fn, min_reps: int, max_reps: int, budget: float):
     return samples, cpu
 
 
+def parse_precisions(text: str) -> list:
+    precisions = [p for p in text.split(",") if p]
+    for p in precisions:
+        if p not in ("fp32", "bf16"):
+            sys.exit(f"torch_bench.py: --precisions takes fp32 and/or bf16, got {p!r}")
+    return precisions
+
+
 def worker(args) -> None:
     import torch
 
@@ -134,6 +147,7 @@ def worker(args) -> None:
     import ldlm_init
 
     torch.set_num_threads(args.worker)
+    precisions = parse_precisions(args.precisions)
     pattern = re.compile(args.filter) if args.filter else None
     results = []
     module_key, module = None, None
@@ -148,12 +162,21 @@ def worker(args) -> None:
                 module = spec[1]().eval()
                 ldlm_init.init_module(module, "", 1)
                 module_key = spec[0]
-            fn = build(module)
-            samples, cpu = time_case(fn, args.min_reps, args.max_reps, args.budget)
-            ms = 1e3 * statistics.median(samples)
-            print(f"torch {name} threads={args.worker}: {ms:.3f} ms (median of {len(samples)})", file=sys.stderr)
-            results.append({"name": name, "threads": args.worker, "ms": ms, "ms_min": 1e3 * min(samples),
-                            "cpu_ms": 1e3 * statistics.median(cpu), "reps": len(samples)})
+            fp32_fn = build(module)
+            for precision in precisions:
+                if precision == "bf16":
+                    def fn(f=fp32_fn):
+                        with torch.autocast("cpu", dtype=torch.bfloat16):
+                            return f()
+                else:
+                    fn = fp32_fn
+                samples, cpu = time_case(fn, args.min_reps, args.max_reps, args.budget)
+                ms = 1e3 * statistics.median(samples)
+                print(f"torch {name} threads={args.worker} {precision}: {ms:.3f} ms (median of {len(samples)})",
+                      file=sys.stderr)
+                results.append({"name": name, "threads": args.worker, "precision": precision, "ms": ms,
+                                "ms_min": 1e3 * min(samples), "cpu_ms": 1e3 * statistics.median(cpu),
+                                "reps": len(samples)})
     capability = next((line.split(":", 1)[1].strip() for line in torch.__config__.show().splitlines()
                        if "CPU capability usage" in line), "unknown")
     json.dump({"threads": args.worker, "torch_num_threads": torch.get_num_threads(), "cpu_capability": capability,
@@ -164,6 +187,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     parser.add_argument("--filter", default="", help="regex on case names")
+    parser.add_argument("--precisions", default="fp32", help="fp32 and/or bf16 (torch.autocast), comma-separated")
     parser.add_argument("--min-reps", type=int, default=3)
     parser.add_argument("--max-reps", type=int, default=50)
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed calls per case (approx.)")
@@ -173,13 +197,14 @@ def main() -> None:
         worker(args)
         return
 
+    parse_precisions(args.precisions)
     import torch  # only for the version string; workers load their own
 
     runs, capability = [], {}
     for n in [int(s) for s in args.threads.split(",") if s]:
         env = dict(os.environ, **{v: str(n) for v in THREAD_VARS})
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n), "--filter", args.filter,
-               "--min-reps", str(args.min_reps), "--max-reps", str(args.max_reps), "--budget", str(args.budget)]
+               "--precisions", args.precisions, "--min-reps", str(args.min_reps), "--max-reps", str(args.max_reps), "--budget", str(args.budget)]
         out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
         doc = json.loads(out)
         capability[n] = doc["cpu_capability"]

@@ -1,0 +1,171 @@
+// The machine's own arithmetic peak, measured in the same run as the layers, so
+// bench/compare.py can state every rate as a share of what this CPU (this VM, at
+// this moment's clocks) can do, rather than of a figure from a data sheet.
+//
+//   peak_fma_fp32   fp32 FMA throughput: independent accumulator chains of
+//                   _mm512_fmadd_ps (zmm) when the CPU has AVX-512, else
+//                   _mm256_fmadd_ps (ymm, AVX2 + FMA). 2 FLOPs per lane.
+//   peak_dot_bf16   _mm512_dpbf16_ps (AVX512_BF16): 16 lanes x 2 bf16 pairs, so
+//                   64 FLOPs per instruction, counted as an FMA on each pair. Skipped
+//                   (reported as an error) on CPUs without AVX512_BF16.
+//
+// Each case runs on 1 and 2 threads of ldlm's own pool: one task per thread, each
+// running the same loop for a fixed count. There are more chains than (latency x
+// pipes) on current cores (FMA: 4-5 cycles x 2 pipes; vdpbf16ps: up to 6 x 2), so
+// the loops are throughput-bound; the values converge (x <- a x + b with a < 1)
+// and never reach subnormals or infinities.
+//
+// This file also puts the path that runs into the benchmark context (JSON
+// "context", console header): the CPU's CPUID brand and features and the kernels
+// ldlm chose for fp32 and bf16 (what `ldlm info` prints).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ldlm/ldlm.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define LDLM_BENCH_X86 1
+#endif
+
+namespace {
+
+#if defined(LDLM_BENCH_X86)
+constexpr int kZmmChains = 16;  // of 32 zmm registers; latency 4 x 2 pipes needs 8
+constexpr int kYmmChains = 12;  // of 16 ymm registers; latency 5 x 2 pipes needs 10
+constexpr int kBf16Chains = 16;
+
+// Each returns a sum of its accumulators so the loop cannot be dropped. (Lanes are
+// summed through memory: GCC 12 warns inside _mm512_reduce_add_ps.)
+float sum_lanes(const float* lanes, int n) {
+  float total = 0;
+  for (int i = 0; i < n; ++i) total += lanes[i];
+  return total;
+}
+
+__attribute__((target("avx512f"))) float fma_zmm(std::int64_t iterations) {
+  __m512 acc[kZmmChains];
+  for (int c = 0; c < kZmmChains; ++c) acc[c] = _mm512_set1_ps(0.5f + 0.01f * static_cast<float>(c));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+  for (std::int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kZmmChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kZmmChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  return sum_lanes(lanes, 16);
+}
+
+__attribute__((target("avx2,fma"))) float fma_ymm(std::int64_t iterations) {
+  __m256 acc[kYmmChains];
+  for (int c = 0; c < kYmmChains; ++c) acc[c] = _mm256_set1_ps(0.5f + 0.01f * static_cast<float>(c));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
+  for (std::int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < kYmmChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  }
+  __m256 sum = acc[0];
+  for (int c = 1; c < kYmmChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  return sum_lanes(lanes, 8);
+}
+
+// Products of small bf16 values: each lane grows by 2 * 2^-20 per instruction, far
+// from overflow after any count this benchmark runs.
+__attribute__((target("avx512f,avx512bf16"))) float dot_bf16_zmm(std::int64_t iterations) {
+  __m512 acc[kBf16Chains];
+  for (int c = 0; c < kBf16Chains; ++c) acc[c] = _mm512_set1_ps(0.01f * static_cast<float>(c));
+  const __m512 small = _mm512_set1_ps(1.0f / 1024);
+  const __m512bh a = _mm512_cvtne2ps_pbh(small, small), b = _mm512_cvtne2ps_pbh(small, small);
+  for (std::int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kBf16Chains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kBf16Chains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  return sum_lanes(lanes, 16);
+}
+#endif
+
+struct PeakKernel {
+  const char* label = nullptr;  // null: this CPU has no such instruction
+  float (*run)(std::int64_t) = nullptr;
+  double flops_per_iteration = 0;
+};
+
+PeakKernel fp32_fma_kernel() {
+#if defined(LDLM_BENCH_X86)
+  const ldlm::CpuFeatures& cpu = ldlm::cpu_features();
+  if (cpu.avx512f) return {"zmm _mm512_fmadd_ps x16 chains", fma_zmm, 2.0 * 16 * kZmmChains};
+  if (cpu.avx2 && cpu.fma) return {"ymm _mm256_fmadd_ps x12 chains", fma_ymm, 2.0 * 8 * kYmmChains};
+#endif
+  return {};
+}
+
+PeakKernel bf16_dot_kernel() {
+#if defined(LDLM_BENCH_X86)
+  if (ldlm::cpu_features().avx512_bf16) return {"zmm _mm512_dpbf16_ps x16 chains", dot_bf16_zmm, 64.0 * kBf16Chains};
+#endif
+  return {};
+}
+
+// About 10^8 instructions per thread and iteration: 20-50 ms on current cores, long
+// enough that waking the pool's workers (microseconds) does not count.
+constexpr std::int64_t kLoopCount = 6'000'000;
+
+void run_peak(benchmark::State& state, const PeakKernel& kernel) {
+  if (!kernel.run) {
+    state.SkipWithError("this CPU has no such instruction (see the context's ldlm_cpu_features)");
+    return;
+  }
+  const int threads = static_cast<int>(state.range(0));
+  ldlm::Context ctx(threads);
+  float sink = 0;
+  auto body = [&] {
+    std::vector<float> partial(static_cast<std::size_t>(threads));
+    ctx.pool().parallel_for(threads, [&](ldlm::Index task, int) { partial[static_cast<std::size_t>(task)] = kernel.run(kLoopCount); });
+    for (float v : partial) sink += v;
+  };
+  body();  // wakes the workers and brings the clocks up
+  for (auto _ : state) body();
+  benchmark::DoNotOptimize(sink);
+  state.SetLabel(kernel.label);
+  state.counters["FLOPS"] = benchmark::Counter(kernel.flops_per_iteration * static_cast<double>(kLoopCount) * threads,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_peak_fma_fp32(benchmark::State& state) { run_peak(state, fp32_fma_kernel()); }
+void BM_peak_dot_bf16(benchmark::State& state) { run_peak(state, bf16_dot_kernel()); }
+
+// The path that runs, once, before any benchmark (benchmark_main prints and writes
+// the context after static initialisation).
+const bool kContextAdded = [] {
+  const ldlm::CpuFeatures& cpu = ldlm::cpu_features();
+  const ldlm::GemmPaths paths = ldlm::gemm_paths();
+  benchmark::AddCustomContext("ldlm_cpu_brand", cpu.brand.empty() ? "unknown" : cpu.brand);
+  benchmark::AddCustomContext("ldlm_cpu_id", cpu.vendor + ", family " + std::to_string(cpu.family) + ", model " +
+                                                 std::to_string(cpu.model));
+  benchmark::AddCustomContext("ldlm_cpu_features", cpu.summary());
+  benchmark::AddCustomContext("ldlm_products", ldlm::gemm_library());
+  benchmark::AddCustomContext("ldlm_fp32_linear", paths.fp32_linear);
+  benchmark::AddCustomContext("ldlm_fp32_attention", paths.fp32_attention);
+  benchmark::AddCustomContext("ldlm_bf16_linear", paths.bf16_linear);
+  benchmark::AddCustomContext("ldlm_bf16_attention", paths.bf16_attention);
+  const PeakKernel fma = fp32_fma_kernel(), dot = bf16_dot_kernel();
+  benchmark::AddCustomContext("ldlm_peak_fp32_kernel", fma.label ? fma.label : "none");
+  benchmark::AddCustomContext("ldlm_peak_bf16_kernel", dot.label ? dot.label : "none");
+  return true;
+}();
+
+}  // namespace
+
+BENCHMARK(BM_peak_fma_fp32)->Name("peak_fma_fp32")->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_peak_dot_bf16)->Name("peak_dot_bf16")->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
