@@ -83,8 +83,18 @@ namespace detail::onednn {
 using dnnl::memory;
 using Dims = memory::dims;
 
+/// The first primitive oneDNN creates also builds its process-wide state (the
+/// primitive cache and the lock guarding it) and publishes it with atomics inside
+/// libdnnl. Creating that first primitive here, inside this function's guarded static,
+/// orders it before any thread's use of the engine in a way every tool can see,
+/// ThreadSanitizer included, which cannot look into an uninstrumented libdnnl.
 inline dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine e = [] {
+    dnnl::engine cpu(dnnl::engine::kind::cpu, 0);
+    const memory::desc one({1, 1}, memory::data_type::f32, memory::format_tag::ab);
+    dnnl::matmul warm_up(dnnl::matmul::primitive_desc(dnnl::matmul::desc(one, one, one), cpu));
+    return cpu;
+  }();
   return e;
 }
 
