@@ -60,26 +60,33 @@ class TokenDecoder {
     lm_head.visit(prefix + "lm_head.", f);
   }
 
-  /// Row form: hidden [B*T, d] -> logits [B*T, V].
-  void forward(Context& ctx, ConstMatRef<S> hidden, Index B, Index T, MatRef<S> logits) const {
+  /// Row form: hidden [B*T, d] -> norm_final(blocks(hidden)) [B*T, d], the input of
+  /// lm_head; `normed` must not alias `hidden`.
+  void forward_to_head(Context& ctx, ConstMatRef<S> hidden, Index B, Index T, MatRef<S> normed) const {
     Arena::Scope scope(ctx.arena());
     const Index rows = B * T, d = config.d_model;
     MatrixMap<S> x(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d]
-    MatrixMap<S> y(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d]
     MatrixMap<S> out(ctx.arena().allocate<S>(rows * d), rows, d);  // [B*T, d]
     RotaryTable<S> rotary;
     if (config.token_decoder_rotary) rotary = make_rotary_table<S>(ctx.arena(), T, config.head_dim, config.rope_base);
     x = hidden;
     for (const auto& block : blocks) {
-      block.norm1.forward(ctx, x, y);
-      block.attn.forward(ctx, y, B, T, config.token_decoder_rotary ? &rotary : nullptr, out);
+      block.norm1.forward(ctx, x, normed);
+      block.attn.forward(ctx, normed, B, T, config.token_decoder_rotary ? &rotary : nullptr, out);
       x += out;
-      block.norm2.forward(ctx, x, y);
-      block.mlp.forward(ctx, y, out);
+      block.norm2.forward(ctx, x, normed);
+      block.mlp.forward(ctx, normed, out);
       x += out;
     }
-    norm_final.forward(ctx, x, y);
-    lm_head.forward(ctx, y, logits);
+    norm_final.forward(ctx, x, normed);
+  }
+
+  /// Row form: hidden [B*T, d] -> logits [B*T, V].
+  void forward(Context& ctx, ConstMatRef<S> hidden, Index B, Index T, MatRef<S> logits) const {
+    Arena::Scope scope(ctx.arena());
+    MatrixMap<S> normed(ctx.arena().allocate<S>(B * T * config.d_model), B * T, config.d_model);  // [B*T, d]
+    forward_to_head(ctx, hidden, B, T, normed);
+    lm_head.forward(ctx, normed, logits);
     check_finite<S>(ctx, "token_decoder", "logits", logits);
   }
 

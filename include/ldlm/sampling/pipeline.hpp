@@ -8,6 +8,7 @@
 // feature_model and encoder.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "ldlm/model/model.hpp"
@@ -67,6 +68,28 @@ class Pipeline {
     return out;
   }
 
+  /// latents [B, T, d] -> argmax tokens only. The logits are computed kLogitRows rows
+  /// at a time and never held whole: at T = 1024 they would be [1024, 50259] floats,
+  /// 206 MB, more than the rest of generation's working memory.
+  TokenTensor decode_tokens(Context& ctx, const Tensor3<S>& latents) const {
+    const Index B = latents.dimension(0), T = latents.dimension(1), rows = B * T;
+    const auto& token_decoder = model_->token_decoder;
+    const Index d = token_decoder.config.d_model, V = token_decoder.config.vocab_size;
+    const Tensor3<S> hidden = model_->latent_decoder.forward(ctx, latents);
+    Matrix<S> normed(rows, d);
+    token_decoder.forward_to_head(ctx, as_matrix(hidden), B, T, normed);
+    Matrix<S> logits(std::min(rows, kLogitRows), V);
+    TokenTensor tokens(B, T);
+    for (Index r = 0; r < rows; r += kLogitRows) {
+      const Index n = std::min(kLogitRows, rows - r);
+      auto block = logits.topRows(n);
+      token_decoder.lm_head.forward(ctx, normed.middleRows(r, n), block);
+      check_finite<S>(ctx, "token_decoder", "logits", block);
+      argmax_rows<S>(block, tokens.data() + r);
+    }
+    return tokens;
+  }
+
   /// tokens -> every intermediate of encode-then-decode.
   Reconstruction<S> reconstruct(Context& ctx, const TokenTensor& tokens) const {
     Reconstruction<S> r;
@@ -89,10 +112,11 @@ class Pipeline {
   /// T outside [1, max_positions] or steps < 1, SamplingCancelled if the progress
   /// callback returns false.
   TokenTensor generate(Context& ctx, Index B, Index T, const SamplerOptions& options) const {
-    return decode(ctx, sample(ctx, B, T, options)).tokens;
+    return decode_tokens(ctx, sample(ctx, B, T, options));
   }
 
  private:
+  static constexpr Index kLogitRows = 128;
   const LDLM<S>* model_;
 };
 
