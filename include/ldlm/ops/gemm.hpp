@@ -393,17 +393,31 @@ class PackedMatrix {
     p.n_ = layout == WeightLayout::out_in ? w.rows() : w.cols();
     p.k_ = layout == WeightLayout::out_in ? w.cols() : w.rows();
     p.bf16_operands_ = precision == Precision::bf16 && bf16_operands_native();
-    Matrix<float> values = w;  // dense, and rounded when bf16 runs on fp32 kernels
-    if (precision == Precision::bf16 && !p.bf16_operands_) round_to_bf16(values.data(), values.size(), values.data());
+    // bf16 on fp32 kernels multiplies operands rounded to bf16.
+    const bool round = precision == Precision::bf16 && !p.bf16_operands_;
+    auto rounded_copy = [&] {
+      Matrix<float> values = w;
+      if (round) round_to_bf16(values.data(), values.size(), values.data());
+      return values;
+    };
 #if defined(LDLM_HAVE_ONEDNN)
     if (gemm_backend() == GemmBackend::onednn && p.n_ > 0 && p.k_ > 0) {
       namespace dd = detail::onednn;
       const auto type = p.bf16_operands_ ? dd::memory::data_type::bf16 : dd::memory::data_type::f32;
       p.desc_ = dd::packed_weight_desc(p.n_, p.k_, type);
       p.storage_ = Storage(p.desc_.get_size());
+      // The reorder reads w in place when it can: a copy of lm_head alone is 154 MB
+      // at ldlm-base width, and loading would briefly hold three of it.
+      Matrix<float> copy;
+      const float* source = w.data();
+      if (round || w.outerStride() != w.cols()) {
+        copy = rounded_copy();
+        source = copy.data();
+      }
       // As a [K, N] matrix, nn.Linear's row-major [N, K] is column-major ("ba").
       const auto plain_tag = layout == WeightLayout::out_in ? dd::memory::format_tag::ba : dd::memory::format_tag::ab;
-      dd::memory plain({{p.k_, p.n_}, dd::memory::data_type::f32, plain_tag}, dd::engine(), values.data());
+      // const_cast: a reorder only reads its source.
+      dd::memory plain({{p.k_, p.n_}, dd::memory::data_type::f32, plain_tag}, dd::engine(), const_cast<float*>(source));
       dd::memory packed(p.desc_, dd::engine(), p.storage_.data());
       dd::SerialScope serial;
       dnnl::reorder(plain, packed).execute(dd::stream(), plain, packed);
@@ -412,6 +426,7 @@ class PackedMatrix {
       return p;
     }
 #endif
+    Matrix<float> values = rounded_copy();
     if (layout == WeightLayout::out_in) values.transposeInPlace();  // Eigen multiplies by [K, N]
     p.plain_ = std::make_shared<const Matrix<float>>(std::move(values));
     p.kernel_ = "eigen";
