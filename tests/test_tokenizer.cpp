@@ -36,7 +36,12 @@ std::string read_text(const std::string& path) {
 
 std::string ids_string(const Ids& ids, std::size_t from = 0, std::size_t count = 12) {
   std::string s;
-  for (std::size_t i = from; i < ids.size() && i < from + count; ++i) s += (i > from ? " " : "") + std::to_string(ids[i]);
+  // Appended piece by piece: g++ 12 warns (-Wrestrict, a false positive) on
+  // `const char* + std::string&&` here.
+  for (std::size_t i = from; i < ids.size() && i < from + count; ++i) {
+    if (i > from) s += ' ';
+    s += std::to_string(ids[i]);
+  }
   return "[" + s + (from + count < ids.size() ? " ..." : "") + "]";
 }
 
