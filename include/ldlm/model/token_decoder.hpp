@@ -70,15 +70,19 @@ class TokenDecoder {
     RotaryTable<S> rotary;
     if (config.token_decoder_rotary) rotary = make_rotary_table<S>(ctx.arena(), T, config.head_dim, config.rope_base);
     x = hidden;
-    for (const auto& block : blocks) {
+    observe_block<S>(ctx, "token_decoder", "input", x);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const Block& block = blocks[i];
       block.norm1.forward(ctx, x, y);
       block.attn.forward(ctx, y, B, T, config.token_decoder_rotary ? &rotary : nullptr, out);
       x += out;
       block.norm2.forward(ctx, x, y);
       block.mlp.forward(ctx, y, out);
       x += out;
+      observe_block<S>(ctx, "token_decoder", "blocks", i, x);
     }
     norm_final.forward(ctx, x, y);
+    observe_block<S>(ctx, "token_decoder", "lm_head.input", y);
     lm_head.forward(ctx, y, logits);
     check_finite<S>(ctx, "token_decoder", "logits", logits);
   }
