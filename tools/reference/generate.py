@@ -10,6 +10,7 @@ Deterministic: fixed seeds, one thread, sorted tensor names, no timestamps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -280,7 +281,7 @@ def model_inputs(cfg: L.Config, mdir: str, B: int, T: int):
     return ins
 
 
-def write_model(out_dir, mdir, cfg: L.Config, seed: int, B: int, T: int, write_weights: bool):
+def write_model(out_dir, mdir, cfg: L.Config, seed: int, B: int, T: int, write_weights: bool, write_blocks=False):
     path = os.path.join(out_dir, mdir)
     os.makedirs(path, exist_ok=True)
     model = L.LDLM(cfg)
@@ -307,6 +308,8 @@ def write_model(out_dir, mdir, cfg: L.Config, seed: int, B: int, T: int, write_w
         write_safetensors(os.path.join(path, f"{mod}.inputs.safetensors"), ins[mod], meta)
         write_safetensors(os.path.join(path, f"{mod}.outputs.safetensors"), outs, meta)
         write_bf16_outputs(path, mod, model, ins[mod], outs, meta)
+        if write_blocks and mod in BLOCK_STREAMS:
+            write_block_outputs(path, mod, model, ins[mod], meta)
     # the chain must agree with the per-module forwards
     r = model.forward_module("reconstruct", **ins["reconstruct"])
     with torch.no_grad():
@@ -335,6 +338,55 @@ def write_bf16_outputs(path, mod, model, inputs, fp32_outs, meta):
     write_safetensors(os.path.join(path, f"{mod}.outputs.autocast_bf16.safetensors"), autocast, ameta)
 
 
+# (stream, names of the first block's inputs, the head whose input is dumped)
+BLOCK_STREAMS = {
+    "feature_model": ("h", ("input",), None),
+    "encoder": ("latent_layers", ("context", "input"), None),
+    "latent_decoder": ("layers", ("context", "input"), None),
+    "token_decoder": ("blocks", ("input",), "lm_head"),
+    "denoiser": ("blocks", ("input", "condition"), "output_layer.linear"),
+}
+
+
+def block_outputs(model, mod, inputs):
+    """llm.c-style intermediate values of one module, captured by forward hooks on the
+    reference itself: the first block's inputs, each block's output (`h.0`, ...) and
+    the head's input (`lm_head.input`). Returns them in the order they are computed."""
+    stream, first_inputs, head = BLOCK_STREAMS[mod]
+    module, seen = getattr(model, mod), {}
+    blocks = getattr(module, stream)
+
+    def keep(name, t):
+        assert name not in seen and t.dtype == torch.float32 and torch.isfinite(t).all(), (mod, name)
+        seen[name] = t.detach().clone()
+
+    def keep_first_inputs(_, args):  # returns None: a pre-hook's result would replace the inputs
+        for name, a in zip(first_inputs, args):
+            keep(name, a)
+
+    hooks = [blocks[0].register_forward_pre_hook(keep_first_inputs)]
+    for i, block in enumerate(blocks):
+        hooks.append(block.register_forward_hook(lambda _, __, y, name=f"{stream}.{i}": keep(name, y)))
+    if head:
+        hooks.append(module.get_submodule(head).register_forward_pre_hook(lambda _, args: keep(f"{head}.input", args[0])))
+    try:
+        model.forward_module(mod, **inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def write_block_outputs(path, mod, model, inputs, meta):
+    """`<mod>.blocks.safetensors` (fp32) and `<mod>.blocks.bf16.safetensors` (ldlm's bf16
+    mode, as `.outputs.bf16`); `__metadata__.order` lists the names in computed order."""
+    for suffix, mode in (("", contextlib.nullcontext), (".bf16", L.bf16_operands)):
+        with mode():
+            values = block_outputs(model, mod, inputs)
+        bmeta = dict(meta, order=json.dumps(list(values)))
+        write_safetensors(os.path.join(path, f"{mod}.blocks{suffix}.safetensors"), values, bmeta)
+
+
 # -------------------------------------------------------------------------- main
 def main():
     ap = argparse.ArgumentParser()
@@ -357,7 +409,7 @@ def main():
                 i, p, o, c = fn(case)
                 dump(a.out, "attention", case, i, p, o, c)
         if want("model_small", "model_small"):
-            write_model(a.out, "model_small", L.Config(**SMALL), 1, 2, 37, True)
+            write_model(a.out, "model_small", L.Config(**SMALL), 1, 2, 37, True, write_blocks=True)
         base_counts = L.count_parameters(L.LDLM_BASE)
         L.check_base_counts(base_counts)
         if want("model_base", "model_base"):

@@ -9,9 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -229,6 +231,13 @@ class Context {
 
   /// When set, modules check their outputs for NaN/Inf and throw NumericError.
   bool check_finite = false;
+
+  /// When set, modules hand it their residual stream at every block boundary
+  /// (llm.c-style intermediate values), named as in the reference's block dumps:
+  /// module "denoiser", name "blocks.0" (tests/data/README.md). Called on the calling
+  /// thread with a copy in double, row form [B*T, width] (the denoiser's "condition":
+  /// [B, d]). Unset (the default), it costs one test per block and copies nothing.
+  std::function<void(std::string_view module, std::string_view name, const Matrix<double>& value)> block_observer;
 
  private:
   std::unique_ptr<ThreadPool> owned_;

@@ -44,4 +44,17 @@ void check_finite(const Context& ctx, std::string_view module, std::string_view 
                            std::string(tensor) + "' at row " + std::to_string(r) + ", column " + std::to_string(c));
 }
 
+/// Hands `x` to Context::block_observer, if set, as `name`.
+template <class S>
+void observe_block(const Context& ctx, std::string_view module, std::string_view name, ConstMatRef<S> x) {
+  if (ctx.block_observer) ctx.block_observer(module, name, x.template cast<double>());
+}
+
+/// The same for block `index` of `stream`: the name is "<stream>.<index>", built only when observed.
+template <class S>
+void observe_block(const Context& ctx, std::string_view module, std::string_view stream, std::size_t index,
+                   ConstMatRef<S> x) {
+  if (ctx.block_observer) observe_block<S>(ctx, module, std::string(stream) + "." + std::to_string(index), x);
+}
+
 }  // namespace ldlm

@@ -127,9 +127,15 @@ class Denoiser {
     in.rightCols(d) = self_cond;
     input_proj.forward(ctx, in, x);
     condition(ctx, t, B, c);
-    for (const auto& block : blocks) block.forward(ctx, x, c, B, T, rotary);
+    observe_block<S>(ctx, "denoiser", "input", x);
+    observe_block<S>(ctx, "denoiser", "condition", c);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      blocks[i].forward(ctx, x, c, B, T, rotary);
+      observe_block<S>(ctx, "denoiser", "blocks", i, x);
+    }
     out_adaLN.forward(ctx, c, ada);
     norm_final.forward_modulated(ctx, x, ada.leftCols(d), ada.rightCols(d), T, x);
+    observe_block<S>(ctx, "denoiser", "output_layer.linear.input", x);
     out_linear.forward(ctx, x, x0);
     check_finite<S>(ctx, "denoiser", "x0", x0);
   }

@@ -62,6 +62,7 @@ class GPT2Features {
     const auto wte_m = wte.matrix();
     const auto wpe_m = wpe.matrix();
     for (Index r = 0; r < rows; ++r) x.row(r) = wte_m.row(tokens[r]) + wpe_m.row(r % T);
+    observe_block<S>(ctx, "feature_model", "input", x);
     for (Index i = 0; i < config.gpt2_feature_layers; ++i) {
       const Block& block = h[static_cast<std::size_t>(i)];
       block.ln_1.forward(ctx, x, y);
@@ -70,6 +71,7 @@ class GPT2Features {
       block.ln_2.forward(ctx, x, y);
       block.mlp.forward(ctx, y, out);
       x += out;
+      observe_block<S>(ctx, "feature_model", "h", static_cast<std::size_t>(i), x);
     }
     features = x;
     check_finite<S>(ctx, "feature_model", "features", features);

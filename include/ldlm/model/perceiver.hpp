@@ -71,11 +71,15 @@ class LatentEncoder {
     positional_emb.add_to(ctx, T, e);
     latent_norm.forward(ctx, latents.matrix().topRows(T), z.topRows(T));  // RMSNorm(latents[:T])
     for (Index b = 1; b < B; ++b) z.middleRows(b * T, T) = z.topRows(T);
-    for (const auto& layer : latent_layers) {
+    observe_block<S>(ctx, "encoder", "context", e);
+    observe_block<S>(ctx, "encoder", "input", z);
+    for (std::size_t i = 0; i < latent_layers.size(); ++i) {
+      const Layer& layer = latent_layers[i];
       layer.latent_attn.forward(ctx, e, T, z, B, T, out);
       z += out;
       layer.ffn_latent.forward(ctx, z, out);
       z += out;
+      observe_block<S>(ctx, "encoder", "latent_layers", i, z);
     }
     output_norm.forward(ctx, z, z0);
     check_finite<S>(ctx, "encoder", "latents", z0);
@@ -146,13 +150,17 @@ class LatentDecoder {
     positional_emb.add_to(ctx, T, x);
     c = z;
     positional_emb.add_to(ctx, T, c);
-    for (const auto& layer : layers) {
+    observe_block<S>(ctx, "latent_decoder", "context", c);
+    observe_block<S>(ctx, "latent_decoder", "input", x);
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const Layer& layer = layers[i];
       layer.latent_attn.forward(ctx, c, T, x, B, T, out);
       layer.attn_scale.forward(ctx, out, out);
       x += out;
       layer.ffn_latent.forward(ctx, x, out);
       layer.ffn_scale.forward(ctx, out, out);
       x += out;
+      observe_block<S>(ctx, "latent_decoder", "layers", i, x);
     }
     hidden = x;
     check_finite<S>(ctx, "latent_decoder", "hidden", hidden);

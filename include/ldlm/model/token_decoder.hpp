@@ -70,15 +70,19 @@ class TokenDecoder {
     RotaryTable<S> rotary;
     if (config.token_decoder_rotary) rotary = make_rotary_table<S>(ctx.arena(), T, config.head_dim, config.rope_base);
     x = hidden;
-    for (const auto& block : blocks) {
+    observe_block<S>(ctx, "token_decoder", "input", x);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const Block& block = blocks[i];
       block.norm1.forward(ctx, x, normed);
       block.attn.forward(ctx, normed, B, T, config.token_decoder_rotary ? &rotary : nullptr, out);
       x += out;
       block.norm2.forward(ctx, x, normed);
       block.mlp.forward(ctx, normed, out);
       x += out;
+      observe_block<S>(ctx, "token_decoder", "blocks", i, x);
     }
     norm_final.forward(ctx, x, normed);
+    observe_block<S>(ctx, "token_decoder", "lm_head.input", normed);
   }
 
   /// Row form: hidden [B*T, d] -> logits [B*T, V].
