@@ -1,5 +1,5 @@
-// Model-level tests: the documented parameter totals (spec section 4), the JSON
-// configuration (spec section 6), parity of every module with the PyTorch reference
+// Model-level tests: the documented parameter totals (docs/model.md §Parameter accounting), the JSON
+// configuration (docs/model.md §Configuration), parity of every module with the PyTorch reference
 // dumps (tests/data/model_small with committed weights, tests/data/model_base at the
 // real width with generated weights), checkpoint round trips and loading errors, and
 // input validation at the API boundary.
@@ -131,7 +131,7 @@ std::uint16_t float_to_bf16(float f) {
 }
 
 // ---------------------------------------------------------------------------
-// 1. Parameter totals (spec section 4)
+// 1. Parameter totals (docs/model.md §Parameter accounting)
 // ---------------------------------------------------------------------------
 
 TEST(ModelParameters, DocumentedTotalsOfLdlmBase) {
@@ -197,7 +197,7 @@ TEST(ModelParameters, AnalyticTableMatchesTheInstantiatedModules) {
 }
 
 // ---------------------------------------------------------------------------
-// 2. Configuration JSON (spec section 6)
+// 2. Configuration JSON (docs/model.md §Configuration)
 // ---------------------------------------------------------------------------
 
 TEST(ModelConfig, JsonRoundTrip) {

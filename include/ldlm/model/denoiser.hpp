@@ -1,4 +1,4 @@
-// The diffusion denoiser (spec 3.5): DDiT blocks with adaLN modulation, predicting
+// The diffusion denoiser (docs/model.md §Denoiser): DDiT blocks with adaLN modulation, predicting
 // x̂0 from (x_t, t, x̂0 of the previous step).
 #pragma once
 

@@ -1,4 +1,4 @@
-// The frozen GPT-2 feature model (spec 3.1): Hugging Face layout, causal, cut
+// The frozen GPT-2 feature model (docs/model.md §Feature model): Hugging Face layout, causal, cut
 // after block gpt2_feature_layers - 1. Every block and ln_f are still owned (and
 // loaded and counted), but only the blocks the features need are run.
 #pragma once

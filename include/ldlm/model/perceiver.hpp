@@ -1,4 +1,5 @@
-// The Perceiver latent encoder (spec 3.2) and latent decoder (spec 3.3).
+// The Perceiver latent encoder (docs/model.md §Latent encoder) and latent
+// decoder (docs/model.md §Latent decoder).
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-// The token decoder (spec 3.4): pre-norm blocks with rotary self-attention and
+// The token decoder (docs/model.md §Token decoder): pre-norm blocks with rotary self-attention and
 // SwiGLU, then a gain-only norm and a bias-free vocabulary head.
 #pragma once
 

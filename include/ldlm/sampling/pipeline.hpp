@@ -1,4 +1,4 @@
-// The end-to-end pipeline of spec section 1 over an LDLM:
+// The end-to-end pipeline of docs/model.md §Pipeline over an LDLM:
 //   encode:      tokens -> GPT-2 features -> latent encoder -> latents
 //   decode:      latents -> latent decoder -> hidden -> token decoder -> logits -> argmax
 //   reconstruct: encode, then decode

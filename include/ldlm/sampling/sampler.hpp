@@ -1,4 +1,4 @@
-// The diffusion sampler of spec section 5: N Euler steps (SDE or probability-flow
+// The diffusion sampler of docs/model.md §Sampler: N Euler steps (SDE or probability-flow
 // ODE) of the tangent schedule from t = 1 down to t_min, with self-conditioning.
 //
 // Reproducibility: the Gaussian noise comes from our own generator (xoshiro256**
@@ -37,7 +37,7 @@ enum class SamplerKind {
 };
 
 struct SamplerOptions {
-  int steps = 50;  // N; the spec fixes no count
+  int steps = 50;  // N; docs/model.md fixes no count
   SamplerKind kind = SamplerKind::sde;
   std::uint64_t seed = 0;
   /// Called after every step with (step, total), step = 1..total. Returning false
@@ -138,7 +138,7 @@ inline void check_sampling_arguments(std::string_view op, const Config& c, Index
     throw InvalidArgument(where + ": config 'schedule_d' must be > 0, got " + std::to_string(c.schedule_d));
 }
 
-/// Samples latents z [B*T, d] with the denoiser (spec 5):
+/// Samples latents z [B*T, d] with the denoiser (docs/model.md §Sampler):
 ///   x ~ N(0, I) at t_0 = 1 (the first B*T*d normals of the seed, row-major);
 ///   for i = 0..N-1: x̂0 = denoiser(x, t_i, self_cond) with self_cond = the previous
 ///     step's x̂0 (zeros at i = 0); then an Euler step from t_i to t_{i+1}; the SDE
