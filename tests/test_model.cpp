@@ -4,16 +4,7 @@
 // real width with generated weights), checkpoint round trips and loading errors, and
 // input validation at the API boundary.
 //
-// Tolerances are |got - ref| <= atol + rtol·|ref| with atol = rtol, about ten times
-// the largest error observed with g++ 12 -O2 -march=native (x86-64 AVX-512, 1 and 2
-// threads). Observed max |got - ref| / (1 + |ref|):
-//   model_small float : feature_model 3.7e-7, encoder 4.4e-7, latent_decoder 9.0e-7,
-//                       token_decoder 3.2e-7, denoiser 4.3e-7;
-//                       reconstruct features 4.5e-7, latents 4.1e-7, hidden 1.0e-6, logits 9.8e-7
-//   model_small double: denoiser 4.9e-7, token_decoder 3.1e-7
-//   model_base  float : feature_model 3.3e-6, encoder 1.8e-6, latent_decoder 3.4e-6,
-//                       token_decoder 1.7e-6, denoiser 1.4e-6;
-//                       reconstruct features 3.6e-6, latents 2.1e-6, hidden 3.6e-6, logits 3.2e-6
+// Tolerances are |got - ref| <= atol + rtol·|ref| with atol = rtol:
 // - Single modules at the small width hold the float32 target, 1e-5.
 // - The double model gets the same 1e-5: the reference itself is float32 PyTorch, so
 //   what remains is the reference's rounding, not ours (its errors equal the float ones).
