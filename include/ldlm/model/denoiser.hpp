@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "ldlm/model/attention_settings.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -12,18 +13,6 @@
 #include "ldlm/ops/modulate.hpp"
 
 namespace ldlm {
-
-inline nn::AttentionSettings denoiser_attention_settings(const Config& c) {
-  nn::AttentionSettings s;
-  s.d_model = c.d_model;
-  s.heads = c.n_heads;
-  s.head_dim = c.head_dim;
-  s.softcap = c.softcap;
-  s.rotary = true;
-  s.rotary_interleaved = c.rotary_interleaved;
-  s.rope_base = c.rope_base;
-  return s;
-}
 
 /// One DDiT block: adaLN chunks (shift, scale, gate) × (attention, MLP).
 template <class S = float>

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ldlm/model/attention_settings.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -12,17 +13,6 @@
 #include "ldlm/nn/mlp.hpp"
 
 namespace ldlm {
-
-inline nn::AttentionSettings latent_attention_settings(const Config& c) {
-  nn::AttentionSettings s;
-  s.d_model = c.d_model;
-  s.heads = c.n_heads;
-  s.head_dim = c.head_dim;
-  s.softcap = c.latent_attention_softcap ? c.softcap : 0.0;
-  s.qk_norm = c.latent_attention_qk_norm;
-  s.rms_eps = c.rms_norm_eps;
-  return s;
-}
 
 template <class S = float>
 class LatentEncoder {

@@ -5,24 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "ldlm/model/attention_settings.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
 #include "ldlm/nn/mlp.hpp"
 
 namespace ldlm {
-
-inline nn::AttentionSettings token_decoder_attention_settings(const Config& c) {
-  nn::AttentionSettings s;
-  s.d_model = c.d_model;
-  s.heads = c.n_heads;
-  s.head_dim = c.head_dim;
-  s.softcap = c.token_decoder_softcap ? c.softcap : 0.0;
-  s.rotary = c.token_decoder_rotary;
-  s.rotary_interleaved = c.rotary_interleaved;
-  s.rope_base = c.rope_base;
-  return s;
-}
 
 template <class S = float>
 class TokenDecoder {

@@ -9,9 +9,6 @@
 
 namespace ldlm {
 
-template <class S>
-using ArrayMap = Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>;
-
 /// Exact GELU: x · Φ(x) = 0.5 x (1 + erf(x / √2)). Used by the Perceiver FFNs.
 template <class S>
 void gelu_erf_inplace(S* x, Index n) {

@@ -8,9 +8,8 @@
 // feature_model and encoder.
 #pragma once
 
-#include <cmath>
-
 #include "ldlm/model/model.hpp"
+#include "ldlm/ops/argmax.hpp"
 #include "ldlm/sampling/sampler.hpp"
 
 namespace ldlm {
@@ -30,18 +29,6 @@ struct Reconstruction {
   Tensor3<S> logits;    // [B, T, V]
   TokenTensor tokens;   // [B, T]
 };
-
-/// Row-wise argmax of logits [rows, V] into ids, as torch.argmax: ties go to the
-/// lowest id, and NaN counts as the maximum (the first NaN of a row wins).
-template <class S>
-void argmax_rows(ConstMatRef<S> logits, std::int64_t* ids) {
-  for (Index r = 0; r < logits.rows(); ++r) {
-    Index best = 0;
-    for (Index v = 1; v < logits.cols() && !std::isnan(logits(r, best)); ++v)
-      if (std::isnan(logits(r, v)) || logits(r, v) > logits(r, best)) best = v;
-    ids[r] = static_cast<std::int64_t>(best);
-  }
-}
 
 /// Runs the LDLM stages. Holds a reference: the model must outlive the pipeline.
 template <class S = float>

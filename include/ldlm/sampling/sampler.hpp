@@ -1,8 +1,8 @@
 // The diffusion sampler of docs/model.md §Sampler: N Euler steps (SDE or probability-flow
 // ODE) of the tangent schedule from t = 1 down to t_min, with self-conditioning.
 //
-// Reproducibility: the Gaussian noise comes from our own generator (xoshiro256**
-// seeded through splitmix64, Box–Muller in double), not std::normal_distribution,
+// Reproducibility: the Gaussian noise comes from our own generator (NormalGenerator,
+// core/random.hpp: xoshiro256**, Box–Muller in double), not std::normal_distribution,
 // whose output differs between standard libraries. The noise depends only on the
 // seed and the shapes, never on the thread count (the matrix products may still
 // round differently with another thread count, which splits them differently).
@@ -19,17 +19,11 @@
 
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/error.hpp"
-#include "ldlm/core/init.hpp"
+#include "ldlm/core/random.hpp"
 #include "ldlm/model/denoiser.hpp"
 #include "ldlm/sampling/schedule.hpp"
 
 namespace ldlm {
-
-/// Thrown by the sampler when the progress callback returns false.
-class SamplingCancelled : public Error {
- public:
-  using Error::Error;
-};
 
 enum class SamplerKind {
   sde,  // Euler–Maruyama on the reverse SDE: drift −½βx − β·score, plus sqrt(β)·sqrt(−dt)·ξ
@@ -43,57 +37,6 @@ struct SamplerOptions {
   /// Called after every step with (step, total), step = 1..total. Returning false
   /// cancels sampling: the sampler throws SamplingCancelled. May be empty.
   std::function<bool(int step, int total)> progress;
-};
-
-/// Standard normal values from a seed: xoshiro256** (state from splitmix64) and
-/// Box–Muller on 53-bit uniforms. Values come in pairs; the sequence depends
-/// only on the seed.
-class NormalGenerator {
- public:
-  explicit NormalGenerator(std::uint64_t seed) {
-    std::uint64_t s = seed;
-    for (auto& word : state_) word = detail::splitmix64(s += detail::kGolden);
-  }
-
-  double next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    const double u1 = 1.0 - uniform();  // (0, 1]: log(u1) is finite
-    const double u2 = uniform();
-    const double radius = std::sqrt(-2.0 * std::log(u1));
-    const double angle = 2.0 * std::numbers::pi * u2;
-    spare_ = radius * std::sin(angle);
-    has_spare_ = true;
-    return radius * std::cos(angle);
-  }
-
-  template <class S>
-  void fill(S* out, Index n) {
-    for (Index i = 0; i < n; ++i) out[i] = static_cast<S>(next());
-  }
-
- private:
-  static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-  std::uint64_t next_bits() {
-    const std::uint64_t result = rotl(state_[1] * 5, 7) * 9;
-    const std::uint64_t t = state_[1] << 17;
-    state_[2] ^= state_[0];
-    state_[3] ^= state_[1];
-    state_[1] ^= state_[2];
-    state_[0] ^= state_[3];
-    state_[2] ^= t;
-    state_[3] = rotl(state_[3], 45);
-    return result;
-  }
-
-  double uniform() { return static_cast<double>(next_bits() >> 11) * 0x1.0p-53; }  // [0, 1)
-
-  std::uint64_t state_[4];
-  double spare_ = 0;
-  bool has_spare_ = false;
 };
 
 /// One Euler step of n values from time t to t_next < t (dt = t_next − t), in place
