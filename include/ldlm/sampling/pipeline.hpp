@@ -68,8 +68,7 @@ class Pipeline {
 
   /// Samples latents [B, T, d] with the denoiser (see sample_latents in sampler.hpp).
   Tensor3<S> sample(Context& ctx, Index B, Index T, const SamplerOptions& options) const {
-    check_sampling_arguments("generate", model_->config, B, T, options.steps);
-    return sample_latents(ctx, model_->denoiser, B, T, options);
+    return detail::sample_latent_tensor("generate", ctx, model_->denoiser, B, T, options);
   }
 
   /// B sequences of T tokens: sample, then decode. Throws InvalidArgument for B < 1,

@@ -91,11 +91,12 @@ inline void check_sampling_arguments(std::string_view op, const Config& c, Index
 ///   It is not the last x̂0; the final step's ξ would be discarded, so none is drawn.
 /// No heap allocation inside the loop: x, x̂0, self_cond, ξ, the times and the
 /// rotary table live in the context's arena, set up once before the first step.
+namespace detail {
+/// sample_latents after check_sampling_arguments: the caller has checked B, T and steps.
 template <class S>
-void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options,
-                    std::type_identity_t<MatRef<S>> z) {
+void sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
+                            const SamplerOptions& options, std::type_identity_t<MatRef<S>> z) {
   const Config& c = denoiser.config;
-  check_sampling_arguments("sample", c, B, T, options.steps);
   const Index rows = B * T, d = c.d_model, n = rows * d;
   check_shape("sample", "z", {rows, d}, Shape{z.rows(), z.cols()});
   const TangentSchedule schedule = TangentSchedule::from_config(c);
@@ -138,13 +139,28 @@ void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
   z = ConstMatrixMap<S>(x, rows, d);
 }
 
+/// Checks the arguments (errors name `op`), then samples latents [B, T, d].
+template <class S>
+Tensor3<S> sample_latent_tensor(std::string_view op, Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
+                                const SamplerOptions& options) {
+  check_sampling_arguments(op, denoiser.config, B, T, options.steps);
+  Tensor3<S> z(B, T, denoiser.config.d_model);
+  sample_latents_checked(ctx, denoiser, B, T, options, as_matrix(z));
+  return z;
+}
+}  // namespace detail
+
+template <class S>
+void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options,
+                    std::type_identity_t<MatRef<S>> z) {
+  check_sampling_arguments("sample", denoiser.config, B, T, options.steps);
+  detail::sample_latents_checked(ctx, denoiser, B, T, options, z);
+}
+
 /// Tensor form: latents [B, T, d].
 template <class S>
 Tensor3<S> sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options) {
-  check_sampling_arguments("sample", denoiser.config, B, T, options.steps);
-  Tensor3<S> z(B, T, denoiser.config.d_model);
-  sample_latents(ctx, denoiser, B, T, options, as_matrix(z));
-  return z;
+  return detail::sample_latent_tensor("sample", ctx, denoiser, B, T, options);
 }
 
 }  // namespace ldlm
