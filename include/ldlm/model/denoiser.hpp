@@ -1,4 +1,5 @@
-// The diffusion denoiser (docs/model.md §Denoiser): DDiT blocks with adaLN modulation, predicting
+// The diffusion denoiser (docs/model.md §Denoiser): DDiT blocks (Diffusion
+// Transformer blocks of the DiT family, conditioned through adaLN modulation), predicting
 // x̂0 from (x_t, t, x̂0 of the previous step).
 #pragma once
 
@@ -125,7 +126,7 @@ class Denoiser {
 
   /// Tensor form: x_t, self_cond [B, T, d]; t [B] finite. Returns x̂0 [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& x_t, const Tensor1<S>& t, const Tensor3<S>& self_cond) const {
-    check_activation("denoiser", "x_t", x_t, config);
+    check_activation_shape("denoiser", "x_t", x_t, config);
     const Index B = x_t.dimension(0), T = x_t.dimension(1);
     check_shape("denoiser", "self_cond", {B, T, config.d_model}, shape_of(self_cond));
     check_shape("denoiser", "t", {B}, shape_of(t));

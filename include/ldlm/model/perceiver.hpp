@@ -74,7 +74,7 @@ class LatentEncoder {
 
   /// features [B, T, d] -> latents [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& features) const {
-    check_activation("encoder", "features", features, config);
+    check_activation_shape("encoder", "features", features, config);
     Tensor3<S> z0(features.dimension(0), features.dimension(1), config.d_model);
     forward(ctx, as_matrix(features), features.dimension(0), features.dimension(1), as_matrix(z0));
     return z0;
@@ -151,7 +151,7 @@ class LatentDecoder {
 
   /// latents [B, T, d] -> hidden [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& latents) const {
-    check_activation("latent_decoder", "latents", latents, config);
+    check_activation_shape("latent_decoder", "latents", latents, config);
     Tensor3<S> hidden(latents.dimension(0), latents.dimension(1), config.d_model);
     forward(ctx, as_matrix(latents), latents.dimension(0), latents.dimension(1), as_matrix(hidden));
     return hidden;

@@ -74,7 +74,7 @@ class TokenDecoder {
 
   /// hidden [B, T, d] -> logits [B, T, V].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& hidden) const {
-    check_activation("token_decoder", "hidden", hidden, config);
+    check_activation_shape("token_decoder", "hidden", hidden, config);
     const Index B = hidden.dimension(0), T = hidden.dimension(1);
     Tensor3<S> logits(B, T, config.vocab_size);
     forward(ctx, as_matrix(hidden), B, T, as_matrix(logits));
