@@ -1,19 +1,10 @@
-// Model-level tests: the documented parameter totals (spec section 4), the JSON
-// configuration (spec section 6), parity of every module with the PyTorch reference
+// Model-level tests: the documented parameter totals (docs/model.md §Parameter accounting), the JSON
+// configuration (docs/model.md §Configuration), parity of every module with the PyTorch reference
 // dumps (tests/data/model_small with committed weights, tests/data/model_base at the
 // real width with generated weights), checkpoint round trips and loading errors, and
 // input validation at the API boundary.
 //
-// Tolerances are |got - ref| <= atol + rtol·|ref| with atol = rtol, about ten times
-// the largest error observed with g++ 12 -O2 -march=native (x86-64 AVX-512, 1 and 2
-// threads). Observed max |got - ref| / (1 + |ref|):
-//   model_small float : feature_model 3.7e-7, encoder 4.4e-7, latent_decoder 9.0e-7,
-//                       token_decoder 3.2e-7, denoiser 4.3e-7;
-//                       reconstruct features 4.5e-7, latents 4.1e-7, hidden 1.0e-6, logits 9.8e-7
-//   model_small double: denoiser 4.9e-7, token_decoder 3.1e-7
-//   model_base  float : feature_model 3.3e-6, encoder 1.8e-6, latent_decoder 3.4e-6,
-//                       token_decoder 1.7e-6, denoiser 1.4e-6;
-//                       reconstruct features 3.6e-6, latents 2.1e-6, hidden 3.6e-6, logits 3.2e-6
+// Tolerances are |got - ref| <= atol + rtol·|ref| with atol = rtol:
 // - Single modules at the small width hold the float32 target, 1e-5.
 // - The double model gets the same 1e-5: the reference itself is float32 PyTorch, so
 //   what remains is the reference's rounding, not ours (its errors equal the float ones).
@@ -131,7 +122,7 @@ std::uint16_t float_to_bf16(float f) {
 }
 
 // ---------------------------------------------------------------------------
-// 1. Parameter totals (spec section 4)
+// 1. Parameter totals (docs/model.md §Parameter accounting)
 // ---------------------------------------------------------------------------
 
 TEST(ModelParameters, DocumentedTotalsOfLdlmBase) {
@@ -197,7 +188,7 @@ TEST(ModelParameters, AnalyticTableMatchesTheInstantiatedModules) {
 }
 
 // ---------------------------------------------------------------------------
-// 2. Configuration JSON (spec section 6)
+// 2. Configuration JSON (docs/model.md §Configuration)
 // ---------------------------------------------------------------------------
 
 TEST(ModelConfig, JsonRoundTrip) {

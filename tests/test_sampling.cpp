@@ -1,4 +1,4 @@
-// Sampling (spec section 5): the tangent schedule against the formulas written
+// Sampling (docs/model.md §Sampler): the tangent schedule against the formulas written
 // out here in long double, Euler steps against hand computation, the sampler's
 // reproducibility, progress/cancellation, argument checks, the absence of heap
 // allocation inside the loop, and the pipeline on the model_small dumps.
@@ -46,7 +46,7 @@ using ::testing::HasSubstr;
 
 constexpr long double kPi = 3.141592653589793238462643383279502884L;
 
-// Spec 5, written independently of schedule.hpp.
+// docs/model.md §Noise schedule, written independently of schedule.hpp.
 long double ref_alpha(long double t, long double D) {
   const long double tan = std::tan(kPi * t / 2);
   return 1.0L / std::sqrt(1.0L + D * D * tan * tan);
@@ -126,7 +126,7 @@ TEST(TimeGrid, RejectsBadArguments) {
   }
 }
 
-// Hand computation of one Euler step, long double, from the spec's formulas.
+// Hand computation of one Euler step, long double, from the formulas of docs/model.md §Time grid and steps.
 std::vector<long double> hand_step(bool sde, long double t, long double t_next, const std::vector<float>& x,
                                    const std::vector<float>& x0, const std::vector<float>* noise) {
   const long double a = ref_alpha(t, 3), s = ref_sigma(t, 3), b = ref_beta(t, 3, 0.95L), dt = t_next - t;

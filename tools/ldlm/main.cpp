@@ -1,5 +1,5 @@
 // The `ldlm` command line tool: parameter counts, single-module forward passes on
-// named safetensors inputs (spec section 6), tensor comparison, generation,
+// named safetensors inputs (docs/model.md §Module inputs and outputs), tensor comparison, generation,
 // reconstruction and GPT-2 tokenization. Errors print "ldlm: error: ..." and exit
 // with 2 (usage) or 1 (runtime: files, tensors, configuration, numerics).
 #include <unistd.h>

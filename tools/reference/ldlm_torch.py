@@ -1,7 +1,8 @@
 """LDLM (Latent Diffusion Language Model) reference in PyTorch.
 
-Written from /work/shared/ldlm-spec.md alone.  State-dict names are exactly those of
-spec section 3.  Every [rec] choice of the spec is a Config switch.
+Written from docs/model.md alone.  State-dict names are exactly those of its module
+sections.  Every reconstruction (docs/model.md §Documented facts and reconstructions)
+that changes what the model computes is a Config switch.
 
 Public API (imported by tools/reference/generate.py and benches):
   Config, Config.from_dict / from_json / to_dict / to_json, LDLM_BASE
@@ -10,7 +11,7 @@ Public API (imported by tools/reference/generate.py and benches):
   RMSNorm, GainLayerNorm, PerceiverFFN, ScaleMask, PositionalEmbedding,
   LatentAttention, GPT2Features, LatentEncoder, LatentDecoder, TokenDecoder,
   Denoiser, LDLM
-  LDLM.forward_module(name, **inputs) -> dict of outputs (spec section 6 names)
+  LDLM.forward_module(name, **inputs) -> dict of outputs (docs/model.md §Module inputs and outputs names)
   count_parameters(cfg) -> dict (analytic), module_counts(model) -> dict (actual)
   state_dict_shapes(cfg) -> {name: shape} of LDLM(cfg), built on the meta device
   SAMPLING_DEFAULTS: the sampling keys of ldlm's configuration, which shape no tensor
@@ -49,7 +50,7 @@ class Config:
     time_max_period: float = 10.0
     gpt2_layers: int = 12
     gpt2_feature_layers: int = 10
-    # [rec] switches
+    # reconstruction switches
     rotary_interleaved: bool = False  # True = the WRONG interleaved pairing (bug detection)
     latent_attention_softcap: bool = True
     latent_attention_qk_norm: bool = True
@@ -613,7 +614,7 @@ class LDLM(nn.Module):
 
     @torch.no_grad()
     def forward_module(self, name, **inp):
-        """Run one module of spec section 6 on named inputs; returns named outputs."""
+        """Run one module of docs/model.md §Module inputs and outputs on named inputs; returns named outputs."""
         if name == "feature_model":
             return {"features": self.feature_model(inp["tokens"])}
         if name == "encoder":
@@ -733,4 +734,4 @@ if __name__ == "__main__":
     check_base_counts(c)
     for k, v in c.items():
         print(f"{k:28s} {v:>14,}")
-    print("ldlm-base parameter counts match the spec")
+    print("ldlm-base parameter counts match docs/model.md")

@@ -58,6 +58,12 @@ class NumericError : public Error {
   using Error::Error;
 };
 
+/// Thrown by the sampler when the progress callback returns false.
+class SamplingCancelled : public Error {
+ public:
+  using Error::Error;
+};
+
 using Shape = std::vector<std::int64_t>;
 
 /// "[2, 7, 768]"; -1 extents print as "*".

@@ -12,22 +12,15 @@
 #include <type_traits>
 
 #include "ldlm/core/parameter.hpp"
+#include "ldlm/core/random.hpp"
 
 namespace ldlm {
 
 namespace detail {
-constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
 constexpr std::uint64_t fnv1a64(std::string_view s) {
   std::uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
   return h;
-}
-
-constexpr std::uint64_t splitmix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
 }
 
 /// Uniform in [-1, 1), exactly representable in float32.

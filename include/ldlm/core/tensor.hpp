@@ -49,6 +49,8 @@ template <class S>
 using RowVectorMap = Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>;
 template <class S>
 using ConstRowVectorMap = Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>;
+template <class S>
+using ArrayMap = Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>;  // n contiguous values, element-wise
 
 /// What ops take: any row-major matrix view with unit inner stride (a map, a column
 /// block, a strided head view) binds without a copy.

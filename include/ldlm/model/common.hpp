@@ -24,7 +24,7 @@ void check_batch_fits(std::string_view module, Index B, Index T, const Config& c
 /// Validates an activation [B, T, d]: rank, feature width d_model, 1 <= T <= max_positions,
 /// B >= 1, and a batch whose activations fit (check_batch_fits).
 template <class S>
-void check_activation(std::string_view module, std::string_view tensor, const Tensor3<S>& x, const Config& c) {
+void check_activation_shape(std::string_view module, std::string_view tensor, const Tensor3<S>& x, const Config& c) {
   check_shape(module, tensor, {-1, -1, c.d_model}, shape_of(x));
   if (x.dimension(0) < 1 || x.dimension(1) < 1 || x.dimension(1) > c.max_positions)
     throw ShapeError(std::string(module) + ": tensor '" + std::string(tensor) + "' has shape " +

@@ -1,5 +1,5 @@
 // The model configuration: the single source of truth for every shape. Defaults
-// are ldlm-base. Fields tagged [rec] in the specification are switches, so a user
+// are ldlm-base. Reconstructions (docs/model.md §Reconstructions, and why each was made) are switches, so a user
 // holding the real checkpoint can match it without editing code.
 #pragma once
 
@@ -20,7 +20,7 @@
 namespace ldlm {
 
 struct Config {
-  // Spec section 6.
+  // The keys of docs/model.md §Configuration.
   std::int64_t d_model = 768;
   std::int64_t n_heads = 12;
   std::int64_t head_dim = 64;
@@ -40,7 +40,7 @@ struct Config {
   std::int64_t gpt2_layers = 12;
   std::int64_t gpt2_feature_layers = 10;
 
-  // [rec] switches.
+  // Reconstruction switches.
   bool rotary_interleaved = false;       // true only for checkpoints with (2j, 2j+1) pairing
   bool latent_attention_softcap = true;  // softcap inside the Perceiver latent attention
   bool latent_attention_qk_norm = true;  // per-head RMSNorm of q and k in latent attention
@@ -48,14 +48,14 @@ struct Config {
   bool token_decoder_softcap = true;
   bool time_embedding_flip = false;  // false: [cos, sin]; true: [sin, cos]
 
-  // Sampling, spec section 5 [rec].
+  // Sampling (docs/model.md §Sampler; reconstruction).
   double schedule_d = 3.0;
   double t_min = 0.05;
   double beta_t_clip = 0.95;
 
   std::int64_t mlp_hidden() const { return mlp_mult * d_model; }
 
-  /// Calls f(key, field) for every field, in the order of spec section 6.
+  /// Calls f(key, field) for every field, in the order of docs/model.md §Configuration.
   template <class Self, class F>
   static void visit_fields(Self& c, F&& f) {
     f("d_model", c.d_model);

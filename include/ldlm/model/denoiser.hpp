@@ -1,9 +1,11 @@
-// The diffusion denoiser (spec 3.5): DDiT blocks with adaLN modulation, predicting
+// The diffusion denoiser (docs/model.md §Denoiser): DDiT blocks (Diffusion
+// Transformer blocks of the DiT family, conditioned through adaLN modulation), predicting
 // x̂0 from (x_t, t, x̂0 of the previous step).
 #pragma once
 
 #include <string>
 
+#include "ldlm/model/attention_settings.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -12,18 +14,6 @@
 #include "ldlm/ops/modulate.hpp"
 
 namespace ldlm {
-
-inline nn::AttentionSettings denoiser_attention_settings(const Config& c) {
-  nn::AttentionSettings s;
-  s.d_model = c.d_model;
-  s.heads = c.n_heads;
-  s.head_dim = c.head_dim;
-  s.softcap = c.softcap;
-  s.rotary = true;
-  s.rotary_interleaved = c.rotary_interleaved;
-  s.rope_base = c.rope_base;
-  return s;
-}
 
 /// One DDiT block: adaLN chunks (shift, scale, gate) × (attention, MLP).
 template <class S = float>
@@ -142,7 +132,7 @@ class Denoiser {
 
   /// Tensor form: x_t, self_cond [B, T, d]; t [B] finite. Returns x̂0 [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& x_t, const Tensor1<S>& t, const Tensor3<S>& self_cond) const {
-    check_activation("denoiser", "x_t", x_t, config);
+    check_activation_shape("denoiser", "x_t", x_t, config);
     const Index B = x_t.dimension(0), T = x_t.dimension(1);
     check_shape("denoiser", "self_cond", {B, T, config.d_model}, shape_of(self_cond));
     check_shape("denoiser", "t", {B}, shape_of(t));

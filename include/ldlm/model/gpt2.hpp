@@ -1,4 +1,4 @@
-// The frozen GPT-2 feature model (spec 3.1): Hugging Face layout, causal, cut
+// The frozen GPT-2 feature model (docs/model.md §Feature model): Hugging Face layout, causal, cut
 // after block gpt2_feature_layers - 1. Every block and ln_f are still owned (and
 // loaded and counted), but only the blocks the features need are run.
 #pragma once
@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ldlm/model/attention_settings.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -33,7 +34,7 @@ class GPT2Features {
         wte({c.vocab_size, c.d_model}, Role::frozen),
         wpe({c.max_positions, c.d_model}, Role::frozen),
         h(c.gpt2_layers, Block{nn::LayerNorm<S>(c.d_model, c.layer_norm_eps, Role::frozen),
-                               nn::GPT2Attention<S>(settings(c), Role::frozen),
+                               nn::GPT2Attention<S>(gpt2_attention_settings(c), Role::frozen),
                                nn::LayerNorm<S>(c.d_model, c.layer_norm_eps, Role::frozen),
                                nn::GPT2MLP<S>(c.d_model, c.mlp_hidden(), Role::frozen)}),
         ln_f(c.d_model, c.layer_norm_eps, Role::frozen) {}
@@ -97,15 +98,6 @@ class GPT2Features {
         throw InvalidArgument("feature_model: tensor 'tokens' has id " + std::to_string(tokens.data()[i]) +
                               " at [" + std::to_string(i / T) + ", " + std::to_string(i % T) +
                               "], outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
-  }
-
- private:
-  static nn::AttentionSettings settings(const Config& c) {
-    nn::AttentionSettings s;
-    s.d_model = c.d_model;
-    s.heads = c.n_heads;
-    s.head_dim = c.head_dim;
-    return s;
   }
 };
 

@@ -1,4 +1,4 @@
-// The LDLM aggregate and its parameter accounting (spec section 4).
+// The LDLM aggregate and its parameter accounting (docs/model.md §Parameter accounting).
 #pragma once
 
 #include <string>

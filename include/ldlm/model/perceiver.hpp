@@ -1,9 +1,11 @@
-// The Perceiver latent encoder (spec 3.2) and latent decoder (spec 3.3).
+// The Perceiver latent encoder (docs/model.md §Latent encoder) and latent
+// decoder (docs/model.md §Latent decoder).
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "ldlm/model/attention_settings.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -11,17 +13,6 @@
 #include "ldlm/nn/mlp.hpp"
 
 namespace ldlm {
-
-inline nn::AttentionSettings latent_attention_settings(const Config& c) {
-  nn::AttentionSettings s;
-  s.d_model = c.d_model;
-  s.heads = c.n_heads;
-  s.head_dim = c.head_dim;
-  s.softcap = c.latent_attention_softcap ? c.softcap : 0.0;
-  s.qk_norm = c.latent_attention_qk_norm;
-  s.rms_eps = c.rms_norm_eps;
-  return s;
-}
 
 template <class S = float>
 class LatentEncoder {
@@ -87,7 +78,7 @@ class LatentEncoder {
 
   /// features [B, T, d] -> latents [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& features) const {
-    check_activation("encoder", "features", features, config);
+    check_activation_shape("encoder", "features", features, config);
     Tensor3<S> z0(features.dimension(0), features.dimension(1), config.d_model);
     forward(ctx, as_matrix(features), features.dimension(0), features.dimension(1), as_matrix(z0));
     return z0;
@@ -168,7 +159,7 @@ class LatentDecoder {
 
   /// latents [B, T, d] -> hidden [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& latents) const {
-    check_activation("latent_decoder", "latents", latents, config);
+    check_activation_shape("latent_decoder", "latents", latents, config);
     Tensor3<S> hidden(latents.dimension(0), latents.dimension(1), config.d_model);
     forward(ctx, as_matrix(latents), latents.dimension(0), latents.dimension(1), as_matrix(hidden));
     return hidden;

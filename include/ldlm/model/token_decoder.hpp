@@ -1,28 +1,17 @@
-// The token decoder (spec 3.4): pre-norm blocks with rotary self-attention and
+// The token decoder (docs/model.md §Token decoder): pre-norm blocks with rotary self-attention and
 // SwiGLU, then a gain-only norm and a bias-free vocabulary head.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "ldlm/model/attention_settings.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
 #include "ldlm/nn/mlp.hpp"
 
 namespace ldlm {
-
-inline nn::AttentionSettings token_decoder_attention_settings(const Config& c) {
-  nn::AttentionSettings s;
-  s.d_model = c.d_model;
-  s.heads = c.n_heads;
-  s.head_dim = c.head_dim;
-  s.softcap = c.token_decoder_softcap ? c.softcap : 0.0;
-  s.rotary = c.token_decoder_rotary;
-  s.rotary_interleaved = c.rotary_interleaved;
-  s.rope_base = c.rope_base;
-  return s;
-}
 
 template <class S = float>
 class TokenDecoder {
@@ -96,7 +85,7 @@ class TokenDecoder {
 
   /// hidden [B, T, d] -> logits [B, T, V].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& hidden) const {
-    check_activation("token_decoder", "hidden", hidden, config);
+    check_activation_shape("token_decoder", "hidden", hidden, config);
     const Index B = hidden.dimension(0), T = hidden.dimension(1);
     Tensor3<S> logits(B, T, config.vocab_size);
     forward(ctx, as_matrix(hidden), B, T, as_matrix(logits));

@@ -34,7 +34,7 @@ struct PerceiverFFN {
     MatrixMap<S> n(ctx.arena().allocate<S>(rows * x.cols()), rows, x.cols());  // [rows, d]
     MatrixMap<S> h(ctx.arena().allocate<S>(rows * hidden), rows, hidden);      // [rows, h]
     norm.forward(ctx, x, n);
-    up.forward(ctx, n, h, rowwise<S>(gelu_erf_inplace<S>));
+    up.forward(ctx, n, h, per_row_epilogue<S>(gelu_erf_inplace<S>));
     down.forward(ctx, h, y);
   }
 };
@@ -60,7 +60,7 @@ struct SwiGLU {
     const Index rows = x.rows(), hidden = gate_proj.out_features();
     MatrixMap<S> g(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
     MatrixMap<S> u(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
-    gate_proj.forward(ctx, x, g, rowwise<S>(silu_inplace<S>));
+    gate_proj.forward(ctx, x, g, per_row_epilogue<S>(silu_inplace<S>));
     up_proj.forward(ctx, x, u);
     g.array() *= u.array();
     down_proj.forward(ctx, g, y);
@@ -85,7 +85,7 @@ struct GeluMLP {
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
     MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * fc1.out_features()), x.rows(), fc1.out_features());  // [rows, h]
-    fc1.forward(ctx, x, h, rowwise<S>(gelu_tanh_inplace<S>));
+    fc1.forward(ctx, x, h, per_row_epilogue<S>(gelu_tanh_inplace<S>));
     fc2.forward(ctx, h, y);
   }
 };
@@ -108,7 +108,7 @@ struct GPT2MLP {
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
     MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * c_fc.out_features()), x.rows(), c_fc.out_features());  // [rows, h]
-    c_fc.forward(ctx, x, h, rowwise<S>(gelu_tanh_inplace<S>));
+    c_fc.forward(ctx, x, h, per_row_epilogue<S>(gelu_tanh_inplace<S>));
     c_proj.forward(ctx, h, y);
   }
 };

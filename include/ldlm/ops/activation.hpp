@@ -9,9 +9,6 @@
 
 namespace ldlm {
 
-template <class S>
-using ArrayMap = Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>;
-
 /// Exact GELU: x · Φ(x) = 0.5 x (1 + erf(x / √2)). Used by the Perceiver FFNs.
 template <class S>
 void gelu_erf_inplace(S* x, Index n) {
@@ -37,7 +34,7 @@ void silu_inplace(S* x, Index n) {
 /// An epilogue for ldlm::linear that applies one of the activations above to
 /// each row of a finished block, while the task that wrote it still holds it.
 template <class S>
-auto rowwise(void (*activation)(S*, Index)) {
+auto per_row_epilogue(void (*activation)(S*, Index)) {
   return [activation](MatRef<S> block) {
     for (Index r = 0; r < block.rows(); ++r) activation(block.row(r).data(), block.cols());
   };

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "ldlm/ops/norm.hpp"
+#include "ldlm/core/context.hpp"
 
 namespace ldlm {
 

@@ -13,9 +13,8 @@ namespace ldlm {
 namespace detail {
 inline void check_norm_shapes(const char* op, Index x_cols, Index y_rows, Index x_rows, Index y_cols, Index gain) {
   if (x_cols != gain || y_cols != x_cols || y_rows != x_rows)
-    throw ShapeError(std::string(op) + ": x [" + std::to_string(x_rows) + ", " + std::to_string(x_cols) +
-                     "], weight [" + std::to_string(gain) + "], y [" + std::to_string(y_rows) + ", " +
-                     std::to_string(y_cols) + "] do not fit");
+    throw ShapeError(std::string(op) + ": x " + shape_string(Shape{x_rows, x_cols}) + ", weight " +
+                     shape_string(Shape{gain}) + ", y " + shape_string(Shape{y_rows, y_cols}) + " do not fit");
 }
 
 /// One row of layer_norm_gain: y[0, n) from x[0, n). y may alias x.

@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "ldlm/core/context.hpp"
-#include "ldlm/ops/norm.hpp"
 
 namespace ldlm {
 

@@ -1,4 +1,4 @@
-// The end-to-end pipeline of spec section 1 over an LDLM:
+// The end-to-end pipeline of docs/model.md §Pipeline over an LDLM:
 //   encode:      tokens -> GPT-2 features -> latent encoder -> latents
 //   decode:      latents -> latent decoder -> hidden -> token decoder -> logits -> argmax
 //   reconstruct: encode, then decode
@@ -9,9 +9,9 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 
 #include "ldlm/model/model.hpp"
+#include "ldlm/ops/argmax.hpp"
 #include "ldlm/sampling/sampler.hpp"
 
 namespace ldlm {
@@ -31,18 +31,6 @@ struct Reconstruction {
   Tensor3<S> logits;    // [B, T, V]
   TokenTensor tokens;   // [B, T]
 };
-
-/// Row-wise argmax of logits [rows, V] into ids, as torch.argmax: ties go to the
-/// lowest id, and NaN counts as the maximum (the first NaN of a row wins).
-template <class S>
-void argmax_rows(ConstMatRef<S> logits, std::int64_t* ids) {
-  for (Index r = 0; r < logits.rows(); ++r) {
-    Index best = 0;
-    for (Index v = 1; v < logits.cols() && !std::isnan(logits(r, best)); ++v)
-      if (std::isnan(logits(r, v)) || logits(r, v) > logits(r, best)) best = v;
-    ids[r] = static_cast<std::int64_t>(best);
-  }
-}
 
 /// Runs the LDLM stages. Holds a reference: the model must outlive the pipeline.
 template <class S = float>
@@ -104,8 +92,7 @@ class Pipeline {
 
   /// Samples latents [B, T, d] with the denoiser (see sample_latents in sampler.hpp).
   Tensor3<S> sample(Context& ctx, Index B, Index T, const SamplerOptions& options) const {
-    check_sampling_arguments("generate", model_->config, B, T, options.steps);
-    return sample_latents(ctx, model_->denoiser, B, T, options);
+    return detail::sample_latent_tensor("generate", ctx, model_->denoiser, B, T, options);
   }
 
   /// B sequences of T tokens: sample, then decode. Throws InvalidArgument for B < 1,

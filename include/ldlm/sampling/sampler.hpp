@@ -1,8 +1,8 @@
-// The diffusion sampler of spec section 5: N Euler steps (SDE or probability-flow
+// The diffusion sampler of docs/model.md §Sampler: N Euler steps (SDE or probability-flow
 // ODE) of the tangent schedule from t = 1 down to t_min, with self-conditioning.
 //
-// Reproducibility: the Gaussian noise comes from our own generator (xoshiro256**
-// seeded through splitmix64, Box–Muller in double), not std::normal_distribution,
+// Reproducibility: the Gaussian noise comes from our own generator (NormalGenerator,
+// core/random.hpp: xoshiro256**, Box–Muller in double), not std::normal_distribution,
 // whose output differs between standard libraries. The noise depends only on the
 // seed and the shapes, never on the thread count (the matrix products may still
 // round differently with another thread count, which splits them differently).
@@ -19,17 +19,11 @@
 
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/error.hpp"
-#include "ldlm/core/init.hpp"
+#include "ldlm/core/random.hpp"
 #include "ldlm/model/denoiser.hpp"
 #include "ldlm/sampling/schedule.hpp"
 
 namespace ldlm {
-
-/// Thrown by the sampler when the progress callback returns false.
-class SamplingCancelled : public Error {
- public:
-  using Error::Error;
-};
 
 enum class SamplerKind {
   sde,  // Euler–Maruyama on the reverse SDE: drift −½βx − β·score, plus sqrt(β)·sqrt(−dt)·ξ
@@ -37,63 +31,12 @@ enum class SamplerKind {
 };
 
 struct SamplerOptions {
-  int steps = 50;  // N; the spec fixes no count
+  int steps = 50;  // N; docs/model.md fixes no count
   SamplerKind kind = SamplerKind::sde;
   std::uint64_t seed = 0;
   /// Called after every step with (step, total), step = 1..total. Returning false
   /// cancels sampling: the sampler throws SamplingCancelled. May be empty.
   std::function<bool(int step, int total)> progress;
-};
-
-/// Standard normal values from a seed: xoshiro256** (state from splitmix64) and
-/// Box–Muller on 53-bit uniforms. Values come in pairs; the sequence depends
-/// only on the seed.
-class NormalGenerator {
- public:
-  explicit NormalGenerator(std::uint64_t seed) {
-    std::uint64_t s = seed;
-    for (auto& word : state_) word = detail::splitmix64(s += detail::kGolden);
-  }
-
-  double next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    const double u1 = 1.0 - uniform();  // (0, 1]: log(u1) is finite
-    const double u2 = uniform();
-    const double radius = std::sqrt(-2.0 * std::log(u1));
-    const double angle = 2.0 * std::numbers::pi * u2;
-    spare_ = radius * std::sin(angle);
-    has_spare_ = true;
-    return radius * std::cos(angle);
-  }
-
-  template <class S>
-  void fill(S* out, Index n) {
-    for (Index i = 0; i < n; ++i) out[i] = static_cast<S>(next());
-  }
-
- private:
-  static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-  std::uint64_t next_bits() {
-    const std::uint64_t result = rotl(state_[1] * 5, 7) * 9;
-    const std::uint64_t t = state_[1] << 17;
-    state_[2] ^= state_[0];
-    state_[3] ^= state_[1];
-    state_[1] ^= state_[2];
-    state_[0] ^= state_[3];
-    state_[2] ^= t;
-    state_[3] = rotl(state_[3], 45);
-    return result;
-  }
-
-  double uniform() { return static_cast<double>(next_bits() >> 11) * 0x1.0p-53; }  // [0, 1)
-
-  std::uint64_t state_[4];
-  double spare_ = 0;
-  bool has_spare_ = false;
 };
 
 /// One Euler step of n values from time t to t_next < t (dt = t_next − t), in place
@@ -138,7 +81,7 @@ inline void check_sampling_arguments(std::string_view op, const Config& c, Index
     throw InvalidArgument(where + ": config 'schedule_d' must be > 0, got " + std::to_string(c.schedule_d));
 }
 
-/// Samples latents z [B*T, d] with the denoiser (spec 5):
+/// Samples latents z [B*T, d] with the denoiser (docs/model.md §Sampler):
 ///   x ~ N(0, I) at t_0 = 1 (the first B*T*d normals of the seed, row-major);
 ///   for i = 0..N-1: x̂0 = denoiser(x, t_i, self_cond) with self_cond = the previous
 ///     step's x̂0 (zeros at i = 0); then an Euler step from t_i to t_{i+1}; the SDE
@@ -148,11 +91,12 @@ inline void check_sampling_arguments(std::string_view op, const Config& c, Index
 ///   It is not the last x̂0; the final step's ξ would be discarded, so none is drawn.
 /// No heap allocation inside the loop: x, x̂0, self_cond, ξ, the times and the
 /// rotary table live in the context's arena, set up once before the first step.
+namespace detail {
+/// sample_latents after check_sampling_arguments: the caller has checked B, T and steps.
 template <class S>
-void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options,
-                    std::type_identity_t<MatRef<S>> z) {
+void sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
+                            const SamplerOptions& options, std::type_identity_t<MatRef<S>> z) {
   const Config& c = denoiser.config;
-  check_sampling_arguments("sample", c, B, T, options.steps);
   const Index rows = B * T, d = c.d_model, n = rows * d;
   check_shape("sample", "z", {rows, d}, Shape{z.rows(), z.cols()});
   const TangentSchedule schedule = TangentSchedule::from_config(c);
@@ -195,13 +139,28 @@ void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
   z = ConstMatrixMap<S>(x, rows, d);
 }
 
+/// Checks the arguments (errors name `op`), then samples latents [B, T, d].
+template <class S>
+Tensor3<S> sample_latent_tensor(std::string_view op, Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
+                                const SamplerOptions& options) {
+  check_sampling_arguments(op, denoiser.config, B, T, options.steps);
+  Tensor3<S> z(B, T, denoiser.config.d_model);
+  sample_latents_checked(ctx, denoiser, B, T, options, as_matrix(z));
+  return z;
+}
+}  // namespace detail
+
+template <class S>
+void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options,
+                    std::type_identity_t<MatRef<S>> z) {
+  check_sampling_arguments("sample", denoiser.config, B, T, options.steps);
+  detail::sample_latents_checked(ctx, denoiser, B, T, options, z);
+}
+
 /// Tensor form: latents [B, T, d].
 template <class S>
 Tensor3<S> sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options) {
-  check_sampling_arguments("sample", denoiser.config, B, T, options.steps);
-  Tensor3<S> z(B, T, denoiser.config.d_model);
-  sample_latents(ctx, denoiser, B, T, options, as_matrix(z));
-  return z;
+  return detail::sample_latent_tensor("sample", ctx, denoiser, B, T, options);
 }
 
 }  // namespace ldlm

@@ -1,4 +1,4 @@
-// The variance-preserving "tangent" noise schedule of spec section 5 and the
+// The variance-preserving "tangent" noise schedule of docs/model.md §Noise schedule and the
 // sampling time grid. Everything here is computed in double: the values are
 // scalars per step, so precision is free, and the model type S only enters when a
 // time is handed to the denoiser.
