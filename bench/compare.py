@@ -18,7 +18,7 @@ What it runs, one after the other (never two at once):
      with the malloc tunables that keep PyTorch's temporaries in the heap) is timed
      at T = --screen-T; the fastest variant of each (threads, precision) then runs
      every T, and each row takes the fastest time measured for it.
-  3. Memory: `ldlm generate --length 1024 --ids` at --precision fp32 and bf16, peak
+  3. Memory: `ldlm generate --init-seed 7 --length 1024 --ids` (ldlm-base) at --precision fp32 and bf16, peak
      RSS of each process (wait4's ru_maxrss), and their ratio.
 Writes --out (markdown: the table, the targets of issue 11, the environment), the
 same name with .json (every number, both benchmark contexts) and with .png (the
@@ -246,7 +246,7 @@ def measure_memory(ldlm_tool: str, length: int, steps: int | None, threads: int 
         sys.exit(f"compare.py: no ldlm tool at {ldlm_tool} (cmake --build BUILD --target ldlm_cli)")
     out = {"length": length, "steps": steps, "threads": threads, "runs": {}}
     for p in PRECISIONS:
-        cmd = [ldlm_tool, "generate", "--precision", p, "--length", str(length), "--ids", "--output", os.devnull]
+        cmd = [ldlm_tool, "generate", "--init-seed", "7", "--precision", p, "--length", str(length), "--ids", "--output", os.devnull]
         if steps is not None:
             cmd += ["--steps", str(steps)]
         if threads is not None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start: install what is missing, build the `ldlm` tool (Release,
-# -march=native) and run the demo: the full LDLM pipeline with embedded random
-# weights. Extra arguments are passed to `ldlm generate`.
+# -march=native) and run the demo with the built-in trained model
+# (tools/assets/ldlm-demo): a generation, then a reconstruction of a sentence.
+# Extra arguments are passed to `ldlm generate` (e.g. --seed 3 --length 96).
 #
 #   bash tools/quickstart.sh [ldlm generate options...]
 set -euo pipefail
@@ -16,4 +17,12 @@ bash "$root/tools/install-deps.sh"
   cmake --preset default
   cmake --build --preset default --target ldlm_cli
 )
-exec "$root/build/default/tools/ldlm" generate "$@"
+ldlm="$root/build/default/tools/ldlm"
+sentence="The old man walked slowly to the market to buy bread and fresh fruit."
+
+echo
+echo "== ldlm generate --length 64 $*   (denoiser sampling, then the decoders)"
+"$ldlm" generate --length 64 "$@"
+echo
+echo "== ldlm reconstruct --text \"$sentence\"   (encoder to latents, decoders back to text)"
+"$ldlm" reconstruct --text "$sentence"

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <iostream>
@@ -45,7 +46,8 @@ const Option kPrecisionOption{"precision", "fp32|bf16",
                                "the residual stream in fp32 (docs/model.md#precision)"};
 const Option kInitSeedOption{
     "init-seed", "S",
-    "without --weights: seed of the generator weights (default " + std::to_string(kDefaultInitSeed) + ")"};
+    "generator weights of this seed instead of the built-in model (with --config: of that\n"
+    "configuration, default seed " + std::to_string(kDefaultInitSeed) + ")"};
 
 /// The model configuration: the weights file's own (which --config, if given, must
 /// equal), else --config, else ldlm-base.
@@ -61,6 +63,27 @@ std::optional<SafetensorsFile> open_weights(const Args& args) {
   if (auto path = args.value("weights")) return SafetensorsFile::open(*path);
   return std::nullopt;
 }
+
+/// The model of `generate` and `reconstruct`: the file of --weights; generator
+/// weights when --init-seed or --config asks for them; else the built-in demo model
+/// (tools/assets/ldlm-demo), trained, linked into this program.
+std::optional<SafetensorsFile> open_model(const Args& args) {
+  if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
+  if (args.has("weights") || args.has("init-seed") || args.has("config")) return open_weights(args);
+  const auto bytes = embedded::find("ldlm-demo.safetensors");
+  if (!bytes) throw Error("the built-in demo model is missing from this ldlm binary");
+  std::vector<std::byte> buffer(bytes->size());
+  std::memcpy(buffer.data(), bytes->data(), bytes->size());
+  return SafetensorsFile::from_buffer(std::move(buffer));
+}
+
+const std::string kModelChoice =
+    "The model: without options, the built-in demo model, a small LDLM trained on English\n"
+    "text (tools/train/README.md), which gives real text. --weights W runs the model of\n"
+    "a file, with the configuration from its __metadata__ 'ldlm.config' when it has one\n"
+    "(see 'ldlm forward --help'). --init-seed S (or --config C) gives the generator weights\n"
+    "of ldlm-base (or of C): reproducible random weights that show the machinery working,\n"
+    "not meaningful text.\n";
 
 int thread_count(const Args& args) {
   const auto cores = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
@@ -488,13 +511,10 @@ const Command kGenerate{"generate",
                          {"output", "FILE", "write the samples there instead of stdout"},
                          {"ids", "", "print token ids, one line per sample, instead of text"},
                          kTokenizerOption},
-                        "Without --weights the model gets reproducible generator weights (init_parameters\n"
-                        "with --init-seed) for the modules generation uses: denoiser, latent_decoder and\n"
-                        "token_decoder. They show the machinery working, not meaningful text. The default\n"
-                        "(ldlm-base, 32 tokens, 16 steps) allocates about 1 GB and takes a few seconds on\n"
-                        "2 cores; --config with a smaller model is faster. On a terminal a progress bar\n"
-                        "with steps/s is shown on stderr. With --weights the configuration comes from the\n"
-                        "file's __metadata__ 'ldlm.config' when it has one (see 'ldlm forward --help').\n"};
+                        kModelChoice +
+                            "Generation runs the denoiser, latent_decoder and token_decoder. ldlm-base's\n"
+                            "generator weights (--init-seed 7) allocate about 1 GB and take a few seconds on\n"
+                            "2 cores. On a terminal a progress bar with steps/s is shown on stderr.\n"};
 
 /// Draws "sampling [#####.....] 8/16 steps  3.1 steps/s" on stderr.
 class ProgressBar {
@@ -521,8 +541,7 @@ class ProgressBar {
 
 int run_generate(const Args& args) {
   args.expect_positionals(0, 0);
-  if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
-  const auto weights = open_weights(args);
+  const auto weights = open_model(args);
   const Config config = load_config(args, weights);
   const Index T = args.get_int("length", 32, 1);
   const Index B = args.get_int("batch", 1, 1, 1 << 16);
@@ -542,7 +561,9 @@ int run_generate(const Args& args) {
   const bool parallel = ctx.threads() > 1;
 
   LDLM<float> model(config);
-  fill_modules(model, args, weights, {"denoiser"}, {"latent_decoder", "token_decoder"}, parallel, precision);
+  // The token decoder first: packing its [V, d] lm_head briefly holds its plain values
+  // too (154 MB at ldlm-base width), and the peak is lowest while little else is resident.
+  fill_modules(model, args, weights, {"token_decoder", "latent_decoder"}, {"denoiser"}, parallel, precision);
   if (isatty(STDERR_FILENO)) options.progress = ProgressBar();
 
   const TokenTensor tokens = Pipeline<float>(model).generate(ctx, B, T, options);
@@ -577,10 +598,7 @@ const Command kReconstruct{"reconstruct",
                             kConfigOption,
                             kPrecisionOption,
                             kThreadsOption},
-                           "Exactly one of --text, --tokens and --inputs. Without --weights the modules get generator\n"
-                           "weights (--init-seed), which exercise the pipeline but do not reconstruct. With\n"
-                           "--weights the configuration comes from the file's __metadata__ 'ldlm.config' when\n"
-                           "it has one (see 'ldlm forward --help').\n"};
+                           "Exactly one of --text, --tokens and --inputs.\n" + kModelChoice};
 
 TokenTensor parse_tokens(const Args& args, const std::string& text) {
   std::vector<std::vector<std::int64_t>> rows(1);
@@ -621,8 +639,7 @@ int run_reconstruct(const Args& args) {
   args.expect_positionals(0, 0);
   if (int(args.has("text")) + int(args.has("tokens")) + int(args.has("inputs")) != 1)
     args.fail("give exactly one of --text, --tokens and --inputs");
-  if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
-  const auto weights = open_weights(args);
+  const auto weights = open_model(args);
   const Config config = load_config(args, weights);
   std::optional<Tokenizer> tokenizer;
   TokenTensor tokens;
@@ -640,7 +657,9 @@ int run_reconstruct(const Args& args) {
   Context ctx(thread_count(args));
   const bool parallel = ctx.threads() > 1;
   LDLM<float> model(config);
-  fill_modules(model, args, weights, {"feature_model", "encoder"}, {"latent_decoder", "token_decoder"}, parallel, precision);
+  // Large tables first (lm_head, wte), as in generate.
+  fill_modules(model, args, weights, {"token_decoder", "latent_decoder"}, {"feature_model", "encoder"}, parallel,
+               precision);
   const TokenTensor reconstructed = Pipeline<float>(model).reconstruct(ctx, tokens).tokens;
   if (tokenizer)
     print_text(std::cout, *tokenizer, reconstructed);
@@ -737,6 +756,9 @@ int run_info(const Args& args) {
   std::printf("products:  %s\n", gemm_library().c_str());
   std::printf("fp32:      linear %s, attention %s\n", paths.fp32_linear.c_str(), paths.fp32_attention.c_str());
   std::printf("bf16:      linear %s, attention %s\n", paths.bf16_linear.c_str(), paths.bf16_attention.c_str());
+  if (const auto demo = embedded::find("ldlm-demo.safetensors"))
+    std::printf("model:     built-in demo model, %.1f MB (the default of generate and reconstruct)\n",
+                static_cast<double>(demo->size()) / 1e6);
   return 0;
 }
 
