@@ -79,11 +79,11 @@ std::optional<SafetensorsFile> open_model(const Args& args) {
 
 const std::string kModelChoice =
     "The model: without options, the built-in demo model, a small LDLM trained on English\n"
-    "text (tools/train/README.md), which gives real text. --weights W runs the model of\n"
-    "a file, with the configuration from its __metadata__ 'ldlm.config' when it has one\n"
-    "(see 'ldlm forward --help'). --init-seed S (or --config C) gives the generator weights\n"
-    "of ldlm-base (or of C): reproducible random weights that show the machinery working,\n"
-    "not meaningful text.\n";
+    "text (tools/train/README.md): real reconstructions, English-like generations.\n"
+    "--weights W runs the model of a file, with the configuration from its __metadata__\n"
+    "'ldlm.config' when it has one (see 'ldlm forward --help'). --init-seed S (or --config C)\n"
+    "gives the generator weights of ldlm-base (or of C): reproducible random weights that\n"
+    "show the machinery working, not meaningful text.\n";
 
 int thread_count(const Args& args) {
   const auto cores = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
