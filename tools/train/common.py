@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import struct
 import subprocess
 import sys
 
@@ -23,6 +22,7 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tools", "reference"))
 import ldlm_init  # noqa: E402
 import ldlm_torch as L  # noqa: E402
+import safetensors_io  # noqa: E402
 
 PAD_ID, MASK_ID = 50257, 50258
 
@@ -223,57 +223,25 @@ class TokenStream:
 # ---------------------------------------------------------------------- safetensors
 def write_safetensors(path: str, tensors: dict, metadata: dict, dtype: str = "BF16", keep_f32=()) -> None:
     """Float tensors as BF16 (round to nearest even) or F32, the names in keep_f32
-    always F32; sorted names, 8-byte aligned header."""
+    always F32, written by the reference's safetensors writer."""
     if dtype not in ("BF16", "F32"):
         raise ValueError(f"write_safetensors: dtype must be BF16 or F32, got {dtype}")
-    header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().float().contiguous()
-        code = "BF16" if dtype == "BF16" and name not in keep_f32 else "F32"
-        if code == "BF16":
-            b = t.to(torch.bfloat16).view(torch.int16).numpy().astype("<i2").tobytes()
-        else:
-            b = t.numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    h = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((-len(h)) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-    os.replace(tmp, path)
+
+    def stored(name, t):
+        t = t.detach().float().contiguous()
+        return t.to(torch.bfloat16) if dtype == "BF16" and name not in keep_f32 else t
+
+    safetensors_io.write_safetensors(path, {name: stored(name, t) for name, t in tensors.items()}, metadata)
 
 
 def read_safetensors(path: str):
-    """(tensors as float32, metadata) of a BF16/F32 file."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if not 0 < n <= size - 8:
-            raise ValueError(f"{path}: not a safetensors file (header length {n}, file size {size})")
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, e in header.items():
-        a, b = e["data_offsets"]
-        if not 0 <= a <= b <= len(data):
-            raise ValueError(f"{path}: tensor {name}: data_offsets [{a}, {b}] outside the {len(data)} data bytes")
-        if e["dtype"] == "BF16":
-            bits = np.frombuffer(data[a:b], dtype="<u2").astype(np.uint32) << 16
-            arr = bits.view(np.float32)
-        elif e["dtype"] == "F32":
-            arr = np.frombuffer(data[a:b], dtype="<f4")
-        else:
-            raise ValueError(f"{path}: tensor {name} has dtype {e['dtype']}, expected BF16 or F32")
-        out[name] = torch.from_numpy(arr.reshape(e["shape"]).copy())
-    return out, meta
+    """(tensors as float32, metadata) of a BF16/F32 file; malformed files are refused
+    by the reference's reader (SafetensorsError, a ValueError)."""
+    tensors, meta = safetensors_io.read_safetensors(path)
+    for name, t in tensors.items():
+        if t.dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"{path}: tensor {name} has dtype {t.dtype}, expected BF16 or F32")
+    return {name: t.float() for name, t in tensors.items()}, meta
 
 
 def load_model_file(path: str) -> tuple[L.LDLM, dict]:
