@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "ldlm/model/attention_settings.hpp"
+#include "ldlm/model/attention_config.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -27,7 +27,7 @@ struct DDiTBlock {
   explicit DDiTBlock(const Config& c)
       : norm1(c.d_model, c.layer_norm_eps),
         norm2(c.d_model, c.layer_norm_eps),
-        attn(denoiser_attention_settings(c)),
+        attn(denoiser_attention_config(c)),
         mlp(c.d_model, c.mlp_hidden()),
         adaLN_modulation(c.d_model, 6 * c.d_model, true) {}
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/model/attention_settings.hpp"
+#include "ldlm/model/attention_config.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -34,7 +34,7 @@ class GPT2Features {
         wte({c.vocab_size, c.d_model}, Role::frozen),
         wpe({c.max_positions, c.d_model}, Role::frozen),
         h(c.gpt2_layers, Block{nn::LayerNorm<S>(c.d_model, c.layer_norm_eps, Role::frozen),
-                               nn::GPT2Attention<S>(gpt2_attention_settings(c), Role::frozen),
+                               nn::GPT2Attention<S>(gpt2_attention_config(c), Role::frozen),
                                nn::LayerNorm<S>(c.d_model, c.layer_norm_eps, Role::frozen),
                                nn::GPT2MLP<S>(c.d_model, c.mlp_hidden(), Role::frozen)}),
         ln_f(c.d_model, c.layer_norm_eps, Role::frozen) {}

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/model/attention_settings.hpp"
+#include "ldlm/model/attention_config.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -35,7 +35,7 @@ class LatentEncoder {
         latent_norm(c.d_model, c.rms_norm_eps),
         output_norm(c.d_model, c.rms_norm_eps),
         latent_layers(c.encoder_layers,
-                      Layer{nn::LatentAttention<S>(latent_attention_settings(c)),
+                      Layer{nn::LatentAttention<S>(latent_attention_config(c)),
                             nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps)}) {}
 
   template <class F>
@@ -108,7 +108,7 @@ class LatentDecoder {
         positional_emb(c.max_positions, c.d_model),
         embedding_ffn(c.d_model, c.mlp_hidden(), c.layer_norm_eps),
         layers(c.latent_decoder_layers,
-               Layer{nn::LatentAttention<S>(latent_attention_settings(c)), nn::ScaleMask<S>{},
+               Layer{nn::LatentAttention<S>(latent_attention_config(c)), nn::ScaleMask<S>{},
                      nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps), nn::ScaleMask<S>{}}) {}
 
   template <class F>

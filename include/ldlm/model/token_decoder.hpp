@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/model/attention_settings.hpp"
+#include "ldlm/model/attention_config.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -31,7 +31,7 @@ class TokenDecoder {
       : config(c),
         blocks(c.token_decoder_layers,
                Block{nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps), nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps),
-                     nn::SelfAttention<S>(token_decoder_attention_settings(c)),
+                     nn::SelfAttention<S>(token_decoder_attention_config(c)),
                      nn::SwiGLU<S>(c.d_model, c.token_decoder_mlp_hidden)}),
         norm_final(c.d_model, c.layer_norm_eps),
         lm_head(c.d_model, c.vocab_size, false) {}
