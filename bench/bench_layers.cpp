@@ -234,8 +234,8 @@ double ddit_block_flops(double T) {
 // FLOPs: 8·T·d² + 4·T²·d + 2·T·d·4d·2 = 24·T·d² + 4·T²·d (adaLN not counted).
 void BM_ddit_block(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& block = cached_module<ldlm::DDiTBlock<S>>(
-      state, "ddit_block", precision_arg(state), [] { return ldlm::DDiTBlock<S>(kBase); });
+  const auto& block = cached_module<ldlm::Denoiser<S>::Block>(
+      state, "ddit_block", precision_arg(state), [] { return ldlm::Denoiser<S>::Block(kBase); });
   ldlm::Arena rotary_arena;
   const auto rotary = ldlm::make_rotary_table<S>(rotary_arena, kT, kBase.head_dim, kBase.rope_base);
   const Mat input = random_matrix(kB * kT, kBase.d_model, 1), c = random_matrix(kB, kBase.d_model, 2);
