@@ -160,7 +160,7 @@ void BM_attn_denoiser(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
   const auto& attn = cached_module<ldlm::nn::FusedSelfAttention<S>>(
       state, "attn_denoiser", precision_arg(state), [] {
-    return ldlm::nn::FusedSelfAttention<S>(ldlm::denoiser_attention_settings(kBase));
+    return ldlm::nn::FusedSelfAttention<S>(ldlm::denoiser_attention_config(kBase));
   });
   ldlm::Arena rotary_arena;
   const auto rotary = ldlm::make_rotary_table<S>(rotary_arena, kT, kBase.head_dim, kBase.rope_base);
@@ -177,7 +177,7 @@ void BM_attn_token_decoder(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
   const auto& attn = cached_module<ldlm::nn::SelfAttention<S>>(
       state, "attn_token_decoder", precision_arg(state), [] {
-    return ldlm::nn::SelfAttention<S>(ldlm::token_decoder_attention_settings(kBase));
+    return ldlm::nn::SelfAttention<S>(ldlm::token_decoder_attention_config(kBase));
   });
   ldlm::Arena rotary_arena;
   const auto rotary = ldlm::make_rotary_table<S>(rotary_arena, kT, kBase.head_dim, kBase.rope_base);
@@ -194,7 +194,7 @@ void BM_attn_latent(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
   const auto& attn = cached_module<ldlm::nn::LatentAttention<S>>(
       state, "attn_latent", precision_arg(state), [] {
-    return ldlm::nn::LatentAttention<S>(ldlm::latent_attention_settings(kBase));
+    return ldlm::nn::LatentAttention<S>(ldlm::latent_attention_config(kBase));
   });
   const Mat context = random_matrix(kB * kT, kBase.d_model, 1), queries = random_matrix(kB * kT, kBase.d_model, 2);
   Mat y(kB * kT, kBase.d_model);
@@ -210,11 +210,7 @@ void BM_attn_gpt2(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
   const auto& attn = cached_module<ldlm::nn::GPT2Attention<S>>(
       state, "attn_gpt2", precision_arg(state), [] {
-    ldlm::nn::AttentionSettings s;
-    s.d_model = kBase.d_model;
-    s.heads = kBase.n_heads;
-    s.head_dim = kBase.head_dim;
-    return ldlm::nn::GPT2Attention<S>(s, ldlm::Role::frozen);
+    return ldlm::nn::GPT2Attention<S>(ldlm::gpt2_attention_config(kBase), ldlm::Role::frozen);
   });
   const Mat x = random_matrix(kB * kT, kBase.d_model, 1);
   Mat y(kB * kT, kBase.d_model);
@@ -238,8 +234,8 @@ double ddit_block_flops(double T) {
 // FLOPs: 8·T·d² + 4·T²·d + 2·T·d·4d·2 = 24·T·d² + 4·T²·d (adaLN not counted).
 void BM_ddit_block(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& block = cached_module<ldlm::DDiTBlock<S>>(
-      state, "ddit_block", precision_arg(state), [] { return ldlm::DDiTBlock<S>(kBase); });
+  const auto& block = cached_module<ldlm::Denoiser<S>::Block>(
+      state, "ddit_block", precision_arg(state), [] { return ldlm::Denoiser<S>::Block(kBase); });
   ldlm::Arena rotary_arena;
   const auto rotary = ldlm::make_rotary_table<S>(rotary_arena, kT, kBase.head_dim, kBase.rope_base);
   const Mat input = random_matrix(kB * kT, kBase.d_model, 1), c = random_matrix(kB, kBase.d_model, 2);

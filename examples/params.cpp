@@ -20,7 +20,7 @@ int main(int argc, char** argv) try {
   std::printf("%-16s %15lld %15lld\n", "total", static_cast<long long>(total.trained),
               static_cast<long long>(total.frozen));
   std::printf("denoiser final LayerNorm: %lld\n",
-              static_cast<long long>(ldlm::count_parameters(model.denoiser.norm_final).total()));
+              static_cast<long long>(ldlm::count_parameters(model.denoiser.output_layer.norm_final).total()));
 
   const auto analytic = ldlm::analytic_parameter_table(config);
   bool agree = analytic.size() == table.size();

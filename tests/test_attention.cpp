@@ -54,18 +54,18 @@ void load_case_parameters(M& module, const SafetensorsFile& file) {
   load_parameters(module, file, "param.", options);
 }
 
-/// The module settings from the case's `config` metadata.
-nn::AttentionSettings settings_of(const SafetensorsFile& file) {
+/// The module's configuration from the case's `config` metadata.
+nn::AttentionModuleConfig config_of(const SafetensorsFile& file) {
   const auto config = nlohmann::json::parse(file.metadata().at("config"));
-  nn::AttentionSettings s;
+  nn::AttentionModuleConfig s;
   s.d_model = config.at("d_model").get<Index>();
   s.heads = config.at("n_heads").get<Index>();
   s.head_dim = config.at("head_dim").get<Index>();
-  s.softcap = config.at("softcap").get<double>();
+  s.options.softcap = config.at("softcap").get<double>();
   s.rope_base = config.at("rope_base").get<double>();
   s.rms_eps = config.at("eps").get<double>();
   s.rotary = config.at("rotary").get<std::string>() == "half_split";
-  s.causal = config.value("causal", false);
+  s.options.causal = config.value("causal", false);
   return s;
 }
 
@@ -136,17 +136,17 @@ Matrix<double> random_matrix(Index rows, Index cols, std::uint64_t seed, double 
 
 struct SelfAttentionCase {
   SafetensorsFile file;
-  nn::AttentionSettings settings;
+  nn::AttentionModuleConfig config;
   Tensor3<float> x;
   Index B, T;
 };
 
 SelfAttentionCase self_attention_case(const std::string& name) {
   auto file = open_reference("attention/" + name + ".safetensors");
-  auto settings = settings_of(file);
+  auto config = config_of(file);
   auto x = read_tensor<float, 3>(file, "input.x");
   const Index B = x.dimension(0), T = x.dimension(1);
-  return {std::move(file), settings, std::move(x), B, T};
+  return {std::move(file), config, std::move(x), B, T};
 }
 
 /// Runs a row-form self-attention module (FusedSelfAttention, SelfAttention) on x.
@@ -165,18 +165,18 @@ Tensor3<float> run_self_attention(const M& attention, const Tensor3<float>& x) {
 
 TEST(DenoiserSelfAttention, MatchesReference) {
   const auto c = self_attention_case("denoiser_self_attention");
-  ASSERT_TRUE(c.settings.rotary);
-  ASSERT_EQ(c.settings.softcap, 5.0);
-  nn::FusedSelfAttention<float> attention(c.settings);
+  ASSERT_TRUE(c.config.rotary);
+  ASSERT_EQ(c.config.options.softcap, 5.0);
+  nn::FusedSelfAttention<float> attention(c.config);
   load_case_parameters(attention, c.file);
   expect_matches(run_self_attention(attention, c.x), c.file, "output.y", kTol);
 }
 
 TEST(DenoiserSelfAttention, InterleavedRotaryIsCaught) {
   const auto c = self_attention_case("denoiser_self_attention");
-  auto settings = c.settings;
-  settings.rotary_interleaved = true;
-  nn::FusedSelfAttention<float> attention(settings);
+  auto config = c.config;
+  config.rotary_interleaved = true;
+  nn::FusedSelfAttention<float> attention(config);
   load_case_parameters(attention, c.file);
   const auto y = run_self_attention(attention, c.x);
   expect_matches(y, c.file, "output.y_interleaved", kTol);
@@ -185,9 +185,9 @@ TEST(DenoiserSelfAttention, InterleavedRotaryIsCaught) {
 
 TEST(DenoiserSelfAttention, NoSoftcapIsCaught) {
   const auto c = self_attention_case("denoiser_self_attention");
-  auto settings = c.settings;
-  settings.softcap = 0.0;
-  nn::FusedSelfAttention<float> attention(settings);
+  auto config = c.config;
+  config.options.softcap = 0.0;
+  nn::FusedSelfAttention<float> attention(config);
   load_case_parameters(attention, c.file);
   expect_caught(run_self_attention(attention, c.x), c.file, "no softcap");
 }
@@ -196,7 +196,7 @@ TEST(DenoiserSelfAttention, NoSoftcapIsCaught) {
 /// naively in double, so the logit order (cap, then scale, or the reverse) is ours.
 Tensor3<float> composed_denoiser_attention(const SelfAttentionCase& c, const nn::FusedSelfAttention<float>& module,
                                            bool cap_before_scale) {
-  const auto& s = c.settings;
+  const auto& s = c.config;
   const Index rows = c.B * c.T, d = s.d_model;
   Context ctx;
   Arena::Scope scope(ctx.arena());
@@ -207,7 +207,7 @@ Tensor3<float> composed_denoiser_attention(const SelfAttentionCase& c, const nn:
   const Matrix<double> q = qkv.leftCols(d).cast<double>(), k = qkv.middleCols(d, d).cast<double>(),
                        v = qkv.rightCols(d).cast<double>();
   const Matrix<float> a =
-      naive_attention(q, k, v, {c.B, c.T, c.T, s.heads, s.head_dim}, s.softcap, false, cap_before_scale).cast<float>();
+      naive_attention(q, k, v, s.shape(c.B, c.T, c.T), s.options.softcap, false, cap_before_scale).cast<float>();
   Tensor3<float> y(c.B, c.T, d);
   module.attn_out.forward(ctx, a, as_matrix(y));
   return y;
@@ -215,7 +215,7 @@ Tensor3<float> composed_denoiser_attention(const SelfAttentionCase& c, const nn:
 
 TEST(DenoiserSelfAttention, SoftcapBeforeScaleIsCaught) {
   const auto c = self_attention_case("denoiser_self_attention");
-  nn::FusedSelfAttention<float> attention(c.settings);
+  nn::FusedSelfAttention<float> attention(c.config);
   load_case_parameters(attention, c.file);
   // The dump itself tells the two orders apart...
   expect_distinct(c.file, "output.y", "output.y_cap_before_scale");
@@ -229,7 +229,7 @@ TEST(DenoiserSelfAttention, SoftcapBeforeScaleIsCaught) {
 
 TEST(TokenDecoderSelfAttention, MatchesReference) {
   const auto c = self_attention_case("token_decoder_self_attention");
-  nn::SelfAttention<float> attention(c.settings);
+  nn::SelfAttention<float> attention(c.config);
   load_case_parameters(attention, c.file);
   expect_matches(run_self_attention(attention, c.x), c.file, "output.y", kTol);
 }
@@ -238,18 +238,18 @@ TEST(TokenDecoderSelfAttention, RecSwitchesMatchTheirDumpsAndDifferFromTheDefaul
   const auto c = self_attention_case("token_decoder_self_attention");
   struct Variant {
     const char* output;
-    void (*change)(nn::AttentionSettings&);
+    void (*change)(nn::AttentionModuleConfig&);
   };
   const Variant variants[] = {
-      {"output.y_interleaved", [](nn::AttentionSettings& s) { s.rotary_interleaved = true; }},
-      {"output.y_no_rotary", [](nn::AttentionSettings& s) { s.rotary = false; }},
-      {"output.y_no_softcap", [](nn::AttentionSettings& s) { s.softcap = 0.0; }},
+      {"output.y_interleaved", [](nn::AttentionModuleConfig& s) { s.rotary_interleaved = true; }},
+      {"output.y_no_rotary", [](nn::AttentionModuleConfig& s) { s.rotary = false; }},
+      {"output.y_no_softcap", [](nn::AttentionModuleConfig& s) { s.options.softcap = 0.0; }},
   };
   for (const auto& variant : variants) {
     SCOPED_TRACE(variant.output);
-    auto settings = c.settings;
-    variant.change(settings);
-    nn::SelfAttention<float> attention(settings);
+    auto config = c.config;
+    variant.change(config);
+    nn::SelfAttention<float> attention(config);
     load_case_parameters(attention, c.file);
     const auto y = run_self_attention(attention, c.x);
     expect_matches(y, c.file, variant.output, kTol);
@@ -259,18 +259,18 @@ TEST(TokenDecoderSelfAttention, RecSwitchesMatchTheirDumpsAndDifferFromTheDefaul
 
 TEST(GPT2Attention, MatchesReferenceCausalConv1D) {
   const auto c = self_attention_case("gpt2_attention");
-  ASSERT_TRUE(c.settings.causal);
-  nn::GPT2Attention<float> attention(c.settings, Role::frozen);
+  ASSERT_TRUE(c.config.options.causal);
+  nn::GPT2Attention<float> attention(c.config, Role::frozen);
   load_case_parameters(attention, c.file);
-  Tensor3<float> y(c.B, c.T, c.settings.d_model);
+  Tensor3<float> y(c.B, c.T, c.config.d_model);
   Context ctx;
   attention.forward(ctx, as_matrix(c.x), c.B, c.T, as_matrix(y));
   expect_matches(y, c.file, "output.y", kTol);
 
   // Without the causal mask the result must be far off (the mask is exercised).
   auto unmasked = attention;
-  unmasked.settings.causal = false;
-  Tensor3<float> y_unmasked(c.B, c.T, c.settings.d_model);
+  unmasked.config.options.causal = false;
+  Tensor3<float> y_unmasked(c.B, c.T, c.config.d_model);
   unmasked.forward(ctx, as_matrix(c.x), c.B, c.T, as_matrix(y_unmasked));
   expect_caught(y_unmasked, c.file, "no causal mask");
 }
@@ -286,9 +286,9 @@ struct LatentCase {
 
 LatentCase latent_case(const std::string& name) {
   auto file = open_reference("attention/" + name + ".safetensors");
-  auto settings = settings_of(file);
-  settings.qk_norm = true;
-  nn::LatentAttention<float> module(settings);
+  auto config = config_of(file);
+  config.qk_norm = true;
+  nn::LatentAttention<float> module(config);
   load_case_parameters(module, file);
   auto context = read_tensor<float, 3>(file, "input.context");
   auto queries = read_tensor<float, 3>(file, "input.queries");
@@ -297,7 +297,7 @@ LatentCase latent_case(const std::string& name) {
 }
 
 Tensor3<float> run_latent(const nn::LatentAttention<float>& module, const LatentCase& c, Context& ctx) {
-  Tensor3<float> y(c.B, c.Tq, module.settings.d_model);
+  Tensor3<float> y(c.B, c.Tq, module.config.d_model);
   module.forward(ctx, as_matrix(c.context), c.Tc, as_matrix(c.queries), c.B, c.Tq, as_matrix(y));
   return y;
 }
@@ -310,7 +310,7 @@ Tensor3<float> run_latent(const nn::LatentAttention<float>& module, const Latent
 /// (the gain tiled once per head): the bug of normalising the full width.
 Tensor3<float> composed_latent_full_width_norm(const LatentCase& c) {
   const auto& m = c.module;
-  const Index d = m.settings.d_model, H = m.settings.heads, hd = m.settings.head_dim, L = c.Tq + c.Tc;
+  const Index d = m.config.d_model, H = m.config.heads, hd = m.config.head_dim, L = c.Tq + c.Tc;
   Context ctx;
   Matrix<float> cn(c.B * c.Tc, d), xn(c.B * c.Tq, d), q(c.B * c.Tq, d), kv(c.B * L, 2 * d), a(c.B * c.Tq, d);
   m.norm_embeddings.forward(ctx, as_matrix(c.context), cn);
@@ -325,7 +325,7 @@ Tensor3<float> composed_latent_full_width_norm(const LatentCase& c) {
   rms_norm<float>(ctx, q, query_gain.data(), m.query_norm.eps, q);
   rms_norm<float>(ctx, kv.leftCols(d), key_gain.data(), m.key_norm.eps, kv.leftCols(d));
   attention<float>(ctx, {q.data(), d}, {kv.data(), 2 * d}, {kv.data() + d, 2 * d}, a.data(), d,
-                   {c.B, c.Tq, L, H, hd}, {m.settings.softcap, false});
+                   {c.B, c.Tq, L, H, hd}, {m.config.options.softcap, false});
   Tensor3<float> y(c.B, c.Tq, d);
   m.projector_latents.forward(ctx, a, as_matrix(y));
   return y;
@@ -341,13 +341,13 @@ TEST_P(LatentAttentionDump, MatchesReference) {
 TEST_P(LatentAttentionDump, RecSwitchesMatchTheirDumpsAndDifferFromTheDefault) {
   const auto c = latent_case(GetParam());
   auto no_softcap = c.module;
-  no_softcap.settings.softcap = 0.0;
+  no_softcap.config.options.softcap = 0.0;
   const auto y_no_softcap = run_latent(no_softcap, c);
   expect_matches(y_no_softcap, c.file, "output.y_no_softcap", kTol);
   expect_caught(y_no_softcap, c.file, "no softcap");
 
   auto no_qk_norm = c.module;
-  no_qk_norm.settings.qk_norm = false;
+  no_qk_norm.config.qk_norm = false;
   const auto y_no_qk_norm = run_latent(no_qk_norm, c);
   expect_matches(y_no_qk_norm, c.file, "output.y_no_qk_norm", kTol);
   expect_caught(y_no_qk_norm, c.file, "no q/k norm");
@@ -494,7 +494,7 @@ TEST(AttentionShapes, WrongFeatureWidthIsRejectedWithShapes) {
 
   // The row form of an attention module fails in its first projection, naming the shapes.
   const auto c = self_attention_case("denoiser_self_attention");
-  nn::FusedSelfAttention<float> attention(c.settings);
+  nn::FusedSelfAttention<float> attention(c.config);
   load_case_parameters(attention, c.file);
   Matrix<float> x = Matrix<float>::Ones(74, 32), y(74, 64);
   const auto row_form = error_of<ShapeError>([&] { attention.forward(ctx, x, 2, 37, nullptr, y); });
@@ -547,7 +547,7 @@ bool bitwise_equal(const Tensor3<float>& a, const Tensor3<float>& b) {
 
 TEST(AttentionThreads, OneAndTwoThreadsAgreeAndRepeatsAreBitwiseIdentical) {
   const auto c = self_attention_case("denoiser_self_attention");
-  nn::FusedSelfAttention<float> attention(c.settings);
+  nn::FusedSelfAttention<float> attention(c.config);
   load_case_parameters(attention, c.file);
   Context one(1), two(2);
   const auto y1 = run_self_attention(attention, c.x, one);

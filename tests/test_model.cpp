@@ -132,8 +132,8 @@ TEST(ModelParameters, DocumentedTotalsOfLdlmBase) {
   EXPECT_EQ(total.frozen, 124'442'112);
 
   const LDLM<float> model(base);
-  EXPECT_EQ(count_parameters(model.denoiser.norm_final).trained, 768);
-  EXPECT_EQ(count_parameters(model.denoiser.norm_final).frozen, 0);
+  EXPECT_EQ(count_parameters(model.denoiser.output_layer.norm_final).trained, 768);
+  EXPECT_EQ(count_parameters(model.denoiser.output_layer.norm_final).frozen, 0);
 
   const std::map<std::string, std::pair<std::int64_t, std::int64_t>> documented = {
       {"feature_model", {0, 124'441'344}},        {"encoder", {51'161'856, 0}},

@@ -252,7 +252,7 @@ int run_params(const Args& args) {
   std::printf("%-26s %14lld\n", "trained total", static_cast<long long>(total.trained));
   std::printf("%-26s %14lld\n", "frozen total", static_cast<long long>(total.frozen));
   std::printf("%-26s %14lld\n", "denoiser final LayerNorm",
-              static_cast<long long>(count_parameters(model.denoiser.norm_final).total()));
+              static_cast<long long>(count_parameters(model.denoiser.output_layer.norm_final).total()));
   return 0;
 }
 

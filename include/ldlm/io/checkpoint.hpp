@@ -64,6 +64,58 @@ namespace detail {
 inline std::string file_label(const SafetensorsFile& file) { return "checkpoint '" + file.path() + "'"; }
 
 inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16; }
+
+/// Reads tensor `name` of `file` into parameter `p` after checking its shape and dtype.
+template <class P>
+void load_tensor(const SafetensorsFile& file, const std::string& name, P& p, std::optional<Precision> pack) {
+  const TensorInfo& info = file.info(name);
+  if (info.shape != p.shape())
+    throw CheckpointError(file_label(file) + ": tensor '" + name + "' expected shape " + shape_string(p.shape()) +
+                          ", got " + shape_string(info.shape));
+  if (!is_float_dtype(info.dtype))
+    throw CheckpointError(file_label(file) + ": tensor '" + name + "' has dtype " +
+                          std::string(dtype_name(info.dtype)) + ", expected a floating dtype (F32, F16, BF16 or F64)");
+  p.allocate();
+  file.read_into(name, p.data(), p.numel());
+  pack_if_matmul_weight(p, pack);
+}
+
+/// "name [shape]" of each tensor in scope that no parameter claimed and that is
+/// neither a GPT-2 buffer nor ignored by name.
+inline std::vector<std::string> unclaimed_tensors(const SafetensorsFile& file, const std::set<std::string>& claimed,
+                                                  const LoadOptions& options) {
+  std::vector<std::string> unclaimed;
+  for (const TensorInfo& t : file.tensors()) {
+    if (!t.name.starts_with(options.scope) || claimed.count(t.name) || is_gpt2_buffer(t.name)) continue;
+    const auto& ignored = options.ignored_names;
+    if (std::find(ignored.begin(), ignored.end(), t.name) == ignored.end())
+      unclaimed.push_back(t.name + " " + shape_string(t.shape));
+  }
+  return unclaimed;
+}
+
+/// The first eight names, quoted, and how many more there are.
+inline std::string quoted_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < 8; ++i) out += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > 8) out += " and " + std::to_string(names.size() - 8) + " more";
+  return out;
+}
+
+/// Both lists in one message, as torch's load_state_dict does: a renamed tensor
+/// shows up as one missing and one unexpected name side by side.
+inline std::string missing_and_unexpected(const SafetensorsFile& file, const std::vector<std::string>& missing,
+                                          const std::vector<std::string>& unexpected, const std::string& scope) {
+  std::string msg = file_label(file) + ":";
+  if (!missing.empty())
+    msg += " missing " + std::to_string(missing.size()) + " tensor(s): " + quoted_names(missing) + ";";
+  if (!unexpected.empty())
+    msg += " unexpected " + std::to_string(unexpected.size()) + " tensor(s)" +
+           (scope.empty() ? std::string() : " under '" + scope + "'") +
+           " that no parameter claims: " + quoted_names(unexpected) + ";";
+  msg.pop_back();
+  return msg;
+}
 }  // namespace detail
 
 /// Fills every parameter of `module` (named with `prefix`) from `file`; F16/BF16/F64
@@ -71,7 +123,6 @@ inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F64 
 template <class M>
 void load_parameters(M& module, const SafetensorsFile& file, const std::string& prefix = "",
                      const LoadOptions& options = {}) {
-  const std::string where = detail::file_label(file);
   std::set<std::string> claimed;
   std::vector<std::string> missing;
   module.visit(prefix, [&](const std::string& name, auto& p) {
@@ -79,44 +130,13 @@ void load_parameters(M& module, const SafetensorsFile& file, const std::string& 
       missing.push_back(name + " " + shape_string(p.shape()));
       return;
     }
-    const TensorInfo& info = file.info(name);
-    if (info.shape != p.shape())
-      throw CheckpointError(where + ": tensor '" + name + "' expected shape " + shape_string(p.shape()) + ", got " +
-                            shape_string(info.shape));
-    if (!detail::is_float_dtype(info.dtype))
-      throw CheckpointError(where + ": tensor '" + name + "' has dtype " + std::string(dtype_name(info.dtype)) +
-                            ", expected a floating dtype (F32, F16, BF16 or F64)");
-    p.allocate();
-    file.read_into(name, p.data(), p.numel());
-    pack_if_matmul_weight(p, options.pack);
+    detail::load_tensor(file, name, p, options.pack);
     claimed.insert(name);
   });
   std::vector<std::string> unexpected;
-  if (options.reject_unexpected) {
-    for (const TensorInfo& t : file.tensors()) {
-      if (!t.name.starts_with(options.scope) || claimed.count(t.name) || is_gpt2_buffer(t.name)) continue;
-      const auto& ignored = options.ignored_names;
-      if (std::find(ignored.begin(), ignored.end(), t.name) == ignored.end())
-        unexpected.push_back(t.name + " " + shape_string(t.shape));
-    }
-  }
-  if (missing.empty() && unexpected.empty()) return;
-  // Both lists in one message, as torch's load_state_dict does: a renamed tensor
-  // shows up as one missing and one unexpected name side by side.
-  auto list = [](const std::vector<std::string>& names) {
-    std::string out;
-    for (std::size_t i = 0; i < names.size() && i < 8; ++i) out += (i ? ", '" : "'") + names[i] + "'";
-    if (names.size() > 8) out += " and " + std::to_string(names.size() - 8) + " more";
-    return out;
-  };
-  std::string msg = where + ":";
-  if (!missing.empty()) msg += " missing " + std::to_string(missing.size()) + " tensor(s): " + list(missing) + ";";
-  if (!unexpected.empty())
-    msg += " unexpected " + std::to_string(unexpected.size()) + " tensor(s)" +
-           (options.scope.empty() ? std::string() : " under '" + options.scope + "'") +
-           " that no parameter claims: " + list(unexpected) + ";";
-  msg.pop_back();
-  throw CheckpointError(msg);
+  if (options.reject_unexpected) unexpected = detail::unclaimed_tensors(file, claimed, options);
+  if (!missing.empty() || !unexpected.empty())
+    throw CheckpointError(detail::missing_and_unexpected(file, missing, unexpected, options.scope));
 }
 
 /// Loads a Hugging Face GPT-2 file (GPT2Model or GPT2LMHeadModel) into the feature

@@ -311,7 +311,14 @@ class SafetensorsFile {
   // The single validation path of open() and from_buffer(). Only the 8-byte prefix and the
   // header are read; every tensor range is checked against the data section before use.
   void init(std::span<const std::byte> file) {
-    using nlohmann::json;
+    const std::uint64_t n = header_length(file);
+    data_ = file.subspan(8 + n);
+    read_header(parse_header(reinterpret_cast<const char*>(file.data() + 8), n));
+    check_tensors_tile_data();
+  }
+
+  /// The little-endian length prefix, checked against the limit and the file size.
+  std::uint64_t header_length(std::span<const std::byte> file) const {
     if (file.size() < 8)
       fail("file is " + std::to_string(file.size()) + " bytes, too short for the 8-byte header length");
     std::uint64_t n = 0;
@@ -322,10 +329,13 @@ class SafetensorsFile {
     if (n > file.size() - 8)
       fail("header length " + std::to_string(n) + " runs past the end of the file (" +
            std::to_string(file.size() - 8) + " bytes after the length prefix)");
-    const auto* hdr = reinterpret_cast<const char*>(file.data() + 8);
-    data_ = file.subspan(8 + n);
+    return n;
+  }
 
-    // Bound nesting and reject duplicate keys at every level (nlohmann keeps the last one).
+  /// The header JSON, refused when it nests too deep or repeats a key at any level
+  /// (nlohmann would silently keep the last one).
+  nlohmann::json parse_header(const char* text, std::uint64_t length) const {
+    using nlohmann::json;
     std::vector<std::set<std::string>> keys(detail::kMaxJsonDepth + 2);
     auto cb = [&](int depth, json::parse_event_t ev, json& v) {
       if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) {
@@ -340,26 +350,32 @@ class SafetensorsFile {
     };
     json header;
     try {
-      header = json::parse(hdr, hdr + n, cb);
+      header = json::parse(text, text + length, cb);
     } catch (const json::exception& e) {
       fail(std::string("header is not valid JSON: ") + e.what());
     }
     if (!header.is_object()) fail("header is not a JSON object");
+    return header;
+  }
 
+  /// Fills metadata_ and tensors_; items() of nlohmann's std::map-backed object is
+  /// already sorted by name, as find() needs.
+  void read_header(const nlohmann::json& header) {
     for (auto& [name, entry] : header.items()) {
-      if (name == "__metadata__") {
-        if (!entry.is_object()) fail("__metadata__ is not an object of string -> string");
-        for (auto& [k, v] : entry.items()) {
-          if (!v.is_string()) fail("__metadata__ value of key '" + k + "' is not a string");
-          metadata_.emplace(k, v.get<std::string>());
-        }
+      if (name != "__metadata__") {
+        tensors_.push_back(parse_entry(name, entry));
         continue;
       }
-      tensors_.push_back(parse_entry(name, entry));
+      if (!entry.is_object()) fail("__metadata__ is not an object of string -> string");
+      for (auto& [k, v] : entry.items()) {
+        if (!v.is_string()) fail("__metadata__ value of key '" + k + "' is not a string");
+        metadata_.emplace(k, v.get<std::string>());
+      }
     }
-    // items() of nlohmann's std::map-backed object is already sorted by name.
+  }
 
-    // The tensors must tile [0, data size) exactly.
+  /// The tensors must tile [0, data size) exactly: no overlap, no gap, no trailing bytes.
+  void check_tensors_tile_data() const {
     std::vector<const TensorInfo*> order;
     for (const auto& t : tensors_) order.push_back(&t);
     std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) {
@@ -368,16 +384,14 @@ class SafetensorsFile {
     std::uint64_t end = 0;
     const TensorInfo* prev = nullptr;
     for (const TensorInfo* t : order) {
-      // Appended piecewise: g++ 12 flags "[" + std::to_string(...) with a false -Wrestrict.
-      std::string range("[");
-      range.append(std::to_string(t->offset)).append(", ").append(std::to_string(t->offset + t->size)).append("]");
+      const std::string range = range_string(t->offset, t->offset + t->size);
       if (t->offset < end)
-        fail("tensor '" + t->name + "' data_offsets " + range + " overlap tensor '" + prev->name + "' ending at " +
+        fail("tensor '" + t->name + "' " + range + " overlap tensor '" + prev->name + "' ending at " +
              std::to_string(end));
       if (t->offset > end)
-        fail("gap of " + std::to_string(t->offset - end) + " bytes before tensor '" + t->name + "' data_offsets " +
-             range + (prev ? " (previous tensor '" + prev->name + "' ends at " + std::to_string(end) + ")"
-                           : std::string(" (the data section starts at 0)")));
+        fail("gap of " + std::to_string(t->offset - end) + " bytes before tensor '" + t->name + "' " + range +
+             (prev ? " (previous tensor '" + prev->name + "' ends at " + std::to_string(end) + ")"
+                   : std::string(" (the data section starts at 0)")));
       end = t->offset + t->size;
       prev = t;
     }
@@ -386,6 +400,7 @@ class SafetensorsFile {
            std::to_string(data_.size()) + " bytes, tensors cover " + std::to_string(end) + ")");
   }
 
+  /// One header entry, checked field by field; `t` ("tensor '<name>' ") starts every message.
   TensorInfo parse_entry(const std::string& name, const nlohmann::json& e) const {
     const std::string t = "tensor '" + name + "' ";
     if (!e.is_object() || e.size() != 3 || !e.contains("dtype") || !e.contains("shape") ||
@@ -393,44 +408,65 @@ class SafetensorsFile {
       fail(t + "entry must be an object with exactly the keys dtype, shape and data_offsets");
     TensorInfo info;
     info.name = name;
-    const auto& dt = e["dtype"];
+    info.dtype = entry_dtype(t, e["dtype"]);
+    info.shape = entry_shape(t, e["shape"]);
+    const std::uint64_t bytes = entry_bytes(t, info.shape, info.dtype);
+    const auto [begin, end] = entry_range(t, e["data_offsets"]);
+    if (end - begin != bytes)
+      fail(t + "shape " + shape_string(info.shape) + " with dtype " + std::string(dtype_name(info.dtype)) +
+           " needs " + std::to_string(bytes) + " bytes, but " + range_string(begin, end) + " span " +
+           std::to_string(end - begin));
+    info.offset = begin;
+    info.size = end - begin;
+    return info;
+  }
+
+  DType entry_dtype(const std::string& t, const nlohmann::json& dt) const {
     if (!dt.is_string()) fail(t + "dtype is not a string");
     const auto d = detail::dtype_from_name(dt.get<std::string>());
     if (!d) fail(t + "has unknown dtype '" + dt.get<std::string>() + "'");
-    info.dtype = *d;
+    return *d;
+  }
 
-    const auto& sh = e["shape"];
+  Shape entry_shape(const std::string& t, const nlohmann::json& sh) const {
     if (!sh.is_array()) fail(t + "shape is not an array");
     if (sh.size() > detail::kMaxRank)
       fail(t + "has rank " + std::to_string(sh.size()) + ", more than " + std::to_string(detail::kMaxRank));
-    std::uint64_t bytes = dtype_size(info.dtype);
-    bool overflow = false;
+    Shape shape;
     for (std::size_t i = 0; i < sh.size(); ++i) {
       const auto& x = sh[i];
       if (!x.is_number_unsigned() || x.get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
         fail(t + "shape entry " + std::to_string(i) + " (" + x.dump() + ") is not a non-negative 64-bit integer");
-      info.shape.push_back(x.get<std::int64_t>());
-      overflow |= __builtin_mul_overflow(bytes, x.get<std::uint64_t>(), &bytes);
+      shape.push_back(x.get<std::int64_t>());
     }
-    // A zero extent makes the product 0 whatever overflowed on the way.
-    if (overflow && std::find(info.shape.begin(), info.shape.end(), 0) == info.shape.end())
-      fail(t + "shape " + shape_string(info.shape) + " x " + std::to_string(dtype_size(info.dtype)) +
-           " bytes overflows 64 bits");
+    return shape;
+  }
 
-    const auto& off = e["data_offsets"];
+  /// The product of the extents and the dtype size; a zero extent makes it 0 whatever
+  /// overflowed on the way.
+  std::uint64_t entry_bytes(const std::string& t, const Shape& shape, DType dtype) const {
+    std::uint64_t bytes = dtype_size(dtype);
+    bool overflow = false;
+    for (const std::int64_t extent : shape) overflow |= __builtin_mul_overflow(bytes, std::uint64_t(extent), &bytes);
+    if (overflow && std::find(shape.begin(), shape.end(), 0) == shape.end())
+      fail(t + "shape " + shape_string(shape) + " x " + std::to_string(dtype_size(dtype)) + " bytes overflows 64 bits");
+    return bytes;
+  }
+
+  /// data_offsets [begin, end], ordered and inside the data section.
+  std::pair<std::uint64_t, std::uint64_t> entry_range(const std::string& t, const nlohmann::json& off) const {
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       fail(t + "data_offsets must be an array of two unsigned integers, got " + off.dump());
     const auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
-    const std::string range = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
-    if (begin > end) fail(t + range + " has begin > end");
+    if (begin > end) fail(t + range_string(begin, end) + " has begin > end");
     if (end > data_.size())
-      fail(t + range + " lie outside the data section of " + std::to_string(data_.size()) + " bytes");
-    if (end - begin != bytes)
-      fail(t + "shape " + shape_string(info.shape) + " with dtype " + std::string(dtype_name(info.dtype)) +
-           " needs " + std::to_string(bytes) + " bytes, but " + range + " span " + std::to_string(end - begin));
-    info.offset = begin;
-    info.size = end - begin;
-    return info;
+      fail(t + range_string(begin, end) + " lie outside the data section of " + std::to_string(data_.size()) +
+           " bytes");
+    return {begin, end};
+  }
+
+  static std::string range_string(std::uint64_t begin, std::uint64_t end) {
+    return "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
   }
 
   std::string path_;

@@ -467,8 +467,8 @@ inline std::string json_summary(const nlohmann::json& v) {
 using VocabEntries = std::vector<std::pair<std::string, nlohmann::json>>;
 
 /// Reads a flat vocabulary file (encoder.json, vocab.json) with nlohmann's SAX parser:
-/// one object of token -> scalar. Ten times faster than building a DOM of 50k values,
-/// and nothing nests, so hostile nesting cannot recurse.
+/// one object of token -> scalar. Faster than building a DOM of 50k values
+/// (bench/results/README.md), and nothing nests, so hostile nesting cannot recurse.
 inline VocabEntries read_vocab_json(const Source& src) {
   using json = nlohmann::json;
   src.check_size();

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "ldlm/model/attention_settings.hpp"
+#include "ldlm/model/attention_config.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -15,70 +15,86 @@
 
 namespace ldlm {
 
-/// One DDiT block: adaLN chunks (shift, scale, gate) × (attention, MLP).
-template <class S = float>
-struct DDiTBlock {
-  nn::LayerNormGain<S> norm1, norm2;
-  nn::FusedSelfAttention<S> attn;
-  nn::GeluMLP<S> mlp;
-  nn::Linear<S> adaLN_modulation;
-
-  DDiTBlock() = default;
-  explicit DDiTBlock(const Config& c)
-      : norm1(c.d_model, c.layer_norm_eps),
-        norm2(c.d_model, c.layer_norm_eps),
-        attn(denoiser_attention_settings(c)),
-        mlp(c.d_model, c.mlp_hidden()),
-        adaLN_modulation(c.d_model, 6 * c.d_model, true) {}
-
-  template <class F>
-  void visit(const std::string& prefix, F&& f) {
-    norm1.visit(prefix + "norm1.", f);
-    norm2.visit(prefix + "norm2.", f);
-    attn.visit(prefix, f);
-    mlp.visit(prefix + "mlp.", f);
-    adaLN_modulation.visit(prefix + "adaLN_modulation.", f);
-  }
-
-  /// x: [B*T, d], updated in place; c: [B, d] conditioning (after SiLU).
-  void forward(Context& ctx, MatRef<S> x, ConstMatRef<S> c, Index B, Index T, const RotaryTable<S>& rotary) const {
-    Arena::Scope scope(ctx.arena());
-    const Index rows = B * T, d = x.cols();
-    MatrixMap<S> ada(ctx.arena().allocate<S>(B * 6 * d), B, 6 * d);  // [B, 6d]
-    MatrixMap<S> y(ctx.arena().allocate<S>(rows * d), rows, d);      // [B*T, d]
-    MatrixMap<S> out(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d]
-    adaLN_modulation.forward(ctx, c, ada);
-    auto chunk = [&](int i) { return ada.middleCols(i * d, d); };  // shift_a, scale_a, gate_a, shift_m, scale_m, gate_m
-
-    norm1.forward_modulated(ctx, x, chunk(0), chunk(1), T, y);
-    attn.forward(ctx, y, B, T, &rotary, out);
-    gated_residual_add<S>(ctx, x, chunk(2), out, T);
-
-    norm2.forward_modulated(ctx, x, chunk(3), chunk(4), T, y);
-    mlp.forward(ctx, y, out);
-    gated_residual_add<S>(ctx, x, chunk(5), out, T);
-  }
-};
-
 template <class S = float>
 class Denoiser {
  public:
+  /// One DDiT block (the MDLM/Duo name): adaLN chunks (shift, scale, gate) × (attention, MLP).
+  struct Block {
+    nn::LayerNormGain<S> norm1, norm2;
+    nn::FusedSelfAttention<S> attn;
+    nn::GeluMLP<S> mlp;
+    nn::Linear<S> adaLN_modulation;
+
+    Block() = default;
+    explicit Block(const Config& c)
+        : norm1(c.d_model, c.layer_norm_eps),
+          norm2(c.d_model, c.layer_norm_eps),
+          attn(denoiser_attention_config(c)),
+          mlp(c.d_model, c.mlp_hidden()),
+          adaLN_modulation(c.d_model, 6 * c.d_model, true) {}
+
+    template <class F>
+    void visit(const std::string& prefix, F&& f) {
+      norm1.visit(prefix + "norm1.", f);
+      norm2.visit(prefix + "norm2.", f);
+      attn.visit(prefix, f);
+      mlp.visit(prefix + "mlp.", f);
+      adaLN_modulation.visit(prefix + "adaLN_modulation.", f);
+    }
+
+    /// x: [B*T, d], updated in place; c: [B, d] conditioning (after SiLU).
+    void forward(Context& ctx, MatRef<S> x, ConstMatRef<S> c, Index B, Index T, const RotaryTable<S>& rotary) const {
+      Arena::Scope scope(ctx.arena());
+      const Index rows = B * T, d = x.cols();
+      MatrixMap<S> ada(ctx.arena().allocate<S>(B * 6 * d), B, 6 * d);  // [B, 6d]
+      MatrixMap<S> y(ctx.arena().allocate<S>(rows * d), rows, d);      // [B*T, d]
+      MatrixMap<S> out(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d]
+      adaLN_modulation.forward(ctx, c, ada);
+      // Chunks 0-5: shift, scale, gate of the attention, then of the MLP.
+      auto chunk = [&](int i) { return ada.middleCols(i * d, d); };
+
+      norm1.forward_modulated(ctx, x, chunk(0), chunk(1), T, y);
+      attn.forward(ctx, y, B, T, &rotary, out);
+      gated_residual_add<S>(ctx, x, chunk(2), out, T);
+
+      norm2.forward_modulated(ctx, x, chunk(3), chunk(4), T, y);
+      mlp.forward(ctx, y, out);
+      gated_residual_add<S>(ctx, x, chunk(5), out, T);
+    }
+  };
+
+  /// adaLN (shift and scale only) on the final norm, then the projection.
+  struct OutputLayer {
+    nn::LayerNormGain<S> norm_final;  // the documented 768 parameters
+    nn::Linear<S> adaLN_modulation, linear;
+
+    explicit OutputLayer(const Config& c)
+        : norm_final(c.d_model, c.layer_norm_eps),
+          adaLN_modulation(c.d_model, 2 * c.d_model, true),
+          linear(c.d_model, c.d_model, true) {}
+
+    template <class F>
+    void visit(const std::string& prefix, F&& f) {
+      norm_final.visit(prefix + "norm_final.", f);
+      adaLN_modulation.visit(prefix + "adaLN_modulation.", f);
+      linear.visit(prefix + "linear.", f);
+    }
+  };
+
   Config config;
-  nn::Linear<S> input_proj;           // [d, 2d], on concat(x_t, self_cond)
-  nn::Linear<S> time_fc1, time_fc2;   // time_emb.0, time_emb.2
-  std::vector<DDiTBlock<S>> blocks;
-  nn::LayerNormGain<S> norm_final;    // output_layer.norm_final: the documented 768 parameters
-  nn::Linear<S> out_adaLN, out_linear;  // output_layer.adaLN_modulation, output_layer.linear
+  nn::Linear<S> input_proj;  // [d, 2d], on concat(x_t, self_cond)
+  // State dict time_emb.0 and time_emb.2: indices in a Sequential whose .1 is the SiLU.
+  nn::Linear<S> time_fc1, time_fc2;
+  std::vector<Block> blocks;
+  OutputLayer output_layer;
 
   explicit Denoiser(const Config& c = Config{})
       : config(c),
         input_proj(2 * c.d_model, c.d_model, false),
         time_fc1(c.d_model, 2 * c.d_model, true),
         time_fc2(2 * c.d_model, c.d_model, true),
-        blocks(c.denoiser_blocks, DDiTBlock<S>(c)),
-        norm_final(c.d_model, c.layer_norm_eps),
-        out_adaLN(c.d_model, 2 * c.d_model, true),
-        out_linear(c.d_model, c.d_model, true) {}
+        blocks(c.denoiser_blocks, Block(c)),
+        output_layer(c) {}
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {
@@ -86,9 +102,7 @@ class Denoiser {
     time_fc1.visit(prefix + "time_emb.0.", f);
     time_fc2.visit(prefix + "time_emb.2.", f);
     for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].visit(prefix + "blocks." + std::to_string(i) + ".", f);
-    norm_final.visit(prefix + "output_layer.norm_final.", f);
-    out_adaLN.visit(prefix + "output_layer.adaLN_modulation.", f);
-    out_linear.visit(prefix + "output_layer.linear.", f);
+    output_layer.visit(prefix + "output_layer.", f);
   }
 
   /// c = silu(time_emb(timestep_embedding(t))): [B, d].
@@ -123,10 +137,10 @@ class Denoiser {
       blocks[i].forward(ctx, x, c, B, T, rotary);
       observe_block<S>(ctx, "denoiser", "blocks", i, x);
     }
-    out_adaLN.forward(ctx, c, ada);
-    norm_final.forward_modulated(ctx, x, ada.leftCols(d), ada.rightCols(d), T, x);
+    output_layer.adaLN_modulation.forward(ctx, c, ada);
+    output_layer.norm_final.forward_modulated(ctx, x, ada.leftCols(d), ada.rightCols(d), T, x);
     observe_block<S>(ctx, "denoiser", "output_layer.linear.input", x);
-    out_linear.forward(ctx, x, x0);
+    output_layer.linear.forward(ctx, x, x0);
     check_finite<S>(ctx, "denoiser", "x0", x0);
   }
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/model/attention_settings.hpp"
+#include "ldlm/model/attention_config.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -22,11 +22,19 @@ class GPT2Features {
     nn::GPT2Attention<S> attn;
     nn::LayerNorm<S> ln_2;
     nn::GPT2MLP<S> mlp;
+
+    template <class F>
+    void visit(const std::string& prefix, F&& f) {
+      ln_1.visit(prefix + "ln_1.", f);
+      attn.visit(prefix + "attn.", f);
+      ln_2.visit(prefix + "ln_2.", f);
+      mlp.visit(prefix + "mlp.", f);
+    }
   };
 
   Config config;
-  Parameter<S> wte, wpe;  // [V, d], [max_positions, d]
-  std::vector<Block> h;
+  Parameter<S> wte, wpe;  // [V, d], [max_positions, d]; state dict wte.weight, wpe.weight
+  std::vector<Block> h;  // state dict h.{i}, Hugging Face's name for GPT-2's blocks
   nn::LayerNorm<S> ln_f;
 
   explicit GPT2Features(const Config& c = Config{})
@@ -34,7 +42,7 @@ class GPT2Features {
         wte({c.vocab_size, c.d_model}, Role::frozen),
         wpe({c.max_positions, c.d_model}, Role::frozen),
         h(c.gpt2_layers, Block{nn::LayerNorm<S>(c.d_model, c.layer_norm_eps, Role::frozen),
-                               nn::GPT2Attention<S>(gpt2_attention_settings(c), Role::frozen),
+                               nn::GPT2Attention<S>(gpt2_attention_config(c), Role::frozen),
                                nn::LayerNorm<S>(c.d_model, c.layer_norm_eps, Role::frozen),
                                nn::GPT2MLP<S>(c.d_model, c.mlp_hidden(), Role::frozen)}),
         ln_f(c.d_model, c.layer_norm_eps, Role::frozen) {}
@@ -43,13 +51,7 @@ class GPT2Features {
   void visit(const std::string& prefix, F&& f) {
     f(prefix + "wte.weight", wte);
     f(prefix + "wpe.weight", wpe);
-    for (std::size_t i = 0; i < h.size(); ++i) {
-      const std::string p = prefix + "h." + std::to_string(i) + ".";
-      h[i].ln_1.visit(p + "ln_1.", f);
-      h[i].attn.visit(p + "attn.", f);
-      h[i].ln_2.visit(p + "ln_2.", f);
-      h[i].mlp.visit(p + "mlp.", f);
-    }
+    for (std::size_t i = 0; i < h.size(); ++i) h[i].visit(prefix + "h." + std::to_string(i) + ".", f);
     ln_f.visit(prefix + "ln_f.", f);
   }
 

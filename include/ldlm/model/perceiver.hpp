@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/model/attention_settings.hpp"
+#include "ldlm/model/attention_config.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -17,16 +17,22 @@ namespace ldlm {
 template <class S = float>
 class LatentEncoder {
  public:
-  struct Layer {
+  struct Block {
     nn::LatentAttention<S> latent_attn;
     nn::PerceiverFFN<S> ffn_latent;
+
+    template <class F>
+    void visit(const std::string& prefix, F&& f) {
+      latent_attn.visit(prefix + "latent_attn.", f);
+      ffn_latent.visit(prefix + "ffn_latent.", f);
+    }
   };
 
   Config config;
   Parameter<S> latents;  // [max_positions, d], learned
   nn::PositionalEmbedding<S> positional_emb;
   nn::RMSNorm<S> latent_norm, output_norm;
-  std::vector<Layer> latent_layers;
+  std::vector<Block> latent_layers;  // state dict latent_layers.{i}
 
   explicit LatentEncoder(const Config& c = Config{})
       : config(c),
@@ -35,7 +41,7 @@ class LatentEncoder {
         latent_norm(c.d_model, c.rms_norm_eps),
         output_norm(c.d_model, c.rms_norm_eps),
         latent_layers(c.encoder_layers,
-                      Layer{nn::LatentAttention<S>(latent_attention_settings(c)),
+                      Block{nn::LatentAttention<S>(latent_attention_config(c)),
                             nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps)}) {}
 
   template <class F>
@@ -44,11 +50,8 @@ class LatentEncoder {
     positional_emb.visit(prefix + "positional_emb.", f);
     latent_norm.visit(prefix + "latent_norm.", f);
     output_norm.visit(prefix + "output_norm.", f);
-    for (std::size_t i = 0; i < latent_layers.size(); ++i) {
-      const std::string p = prefix + "latent_layers." + std::to_string(i) + ".";
-      latent_layers[i].latent_attn.visit(p + "latent_attn.", f);
-      latent_layers[i].ffn_latent.visit(p + "ffn_latent.", f);
-    }
+    for (std::size_t i = 0; i < latent_layers.size(); ++i)
+      latent_layers[i].visit(prefix + "latent_layers." + std::to_string(i) + ".", f);
   }
 
   /// Row form: h, z0: [B*T, d].
@@ -65,10 +68,10 @@ class LatentEncoder {
     observe_block<S>(ctx, "encoder", "context", e);
     observe_block<S>(ctx, "encoder", "input", z);
     for (std::size_t i = 0; i < latent_layers.size(); ++i) {
-      const Layer& layer = latent_layers[i];
-      layer.latent_attn.forward(ctx, e, T, z, B, T, out);
+      const Block& block = latent_layers[i];
+      block.latent_attn.forward(ctx, e, T, z, B, T, out);
       z += out;
-      layer.ffn_latent.forward(ctx, z, out);
+      block.ffn_latent.forward(ctx, z, out);
       z += out;
       observe_block<S>(ctx, "encoder", "latent_layers", i, z);
     }
@@ -88,11 +91,19 @@ class LatentEncoder {
 template <class S = float>
 class LatentDecoder {
  public:
-  struct Layer {
+  struct Block {
     nn::LatentAttention<S> latent_attn;
     nn::ScaleMask<S> attn_scale;
     nn::PerceiverFFN<S> ffn_latent;
     nn::ScaleMask<S> ffn_scale;
+
+    template <class F>
+    void visit(const std::string& prefix, F&& f) {
+      latent_attn.visit(prefix + "latent_attn.", f);
+      attn_scale.visit(prefix + "attn_scale.", f);
+      ffn_latent.visit(prefix + "ffn_latent.", f);
+      ffn_scale.visit(prefix + "ffn_scale.", f);
+    }
   };
 
   Config config;
@@ -100,7 +111,7 @@ class LatentDecoder {
   nn::PositionalEmbedding<S> positional_emb;
   nn::PerceiverFFN<S> embedding_ffn;
   nn::ScaleMask<S> scale_embedding;
-  std::vector<Layer> layers;
+  std::vector<Block> layers;  // state dict layers.{i}
 
   explicit LatentDecoder(const Config& c = Config{})
       : config(c),
@@ -108,7 +119,7 @@ class LatentDecoder {
         positional_emb(c.max_positions, c.d_model),
         embedding_ffn(c.d_model, c.mlp_hidden(), c.layer_norm_eps),
         layers(c.latent_decoder_layers,
-               Layer{nn::LatentAttention<S>(latent_attention_settings(c)), nn::ScaleMask<S>{},
+               Block{nn::LatentAttention<S>(latent_attention_config(c)), nn::ScaleMask<S>{},
                      nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps), nn::ScaleMask<S>{}}) {}
 
   template <class F>
@@ -117,13 +128,7 @@ class LatentDecoder {
     positional_emb.visit(prefix + "positional_emb.", f);
     embedding_ffn.visit(prefix + "embedding_ffn.", f);
     scale_embedding.visit(prefix + "scale_embedding.", f);
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      const std::string p = prefix + "layers." + std::to_string(i) + ".";
-      layers[i].latent_attn.visit(p + "latent_attn.", f);
-      layers[i].attn_scale.visit(p + "attn_scale.", f);
-      layers[i].ffn_latent.visit(p + "ffn_latent.", f);
-      layers[i].ffn_scale.visit(p + "ffn_scale.", f);
-    }
+    for (std::size_t i = 0; i < layers.size(); ++i) layers[i].visit(prefix + "layers." + std::to_string(i) + ".", f);
   }
 
   /// Row form: z, hidden: [B*T, d].
@@ -144,12 +149,12 @@ class LatentDecoder {
     observe_block<S>(ctx, "latent_decoder", "context", c);
     observe_block<S>(ctx, "latent_decoder", "input", x);
     for (std::size_t i = 0; i < layers.size(); ++i) {
-      const Layer& layer = layers[i];
-      layer.latent_attn.forward(ctx, c, T, x, B, T, out);
-      layer.attn_scale.forward(ctx, out, out);
+      const Block& block = layers[i];
+      block.latent_attn.forward(ctx, c, T, x, B, T, out);
+      block.attn_scale.forward(ctx, out, out);
       x += out;
-      layer.ffn_latent.forward(ctx, x, out);
-      layer.ffn_scale.forward(ctx, out, out);
+      block.ffn_latent.forward(ctx, x, out);
+      block.ffn_scale.forward(ctx, out, out);
       x += out;
       observe_block<S>(ctx, "latent_decoder", "layers", i, x);
     }

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/model/attention_settings.hpp"
+#include "ldlm/model/attention_config.hpp"
 #include "ldlm/model/common.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/nn/attention.hpp"
@@ -20,6 +20,14 @@ class TokenDecoder {
     nn::LayerNormGain<S> norm1, norm2;
     nn::SelfAttention<S> attn;
     nn::SwiGLU<S> mlp;
+
+    template <class F>
+    void visit(const std::string& prefix, F&& f) {
+      norm1.visit(prefix + "norm1.", f);
+      attn.visit(prefix + "attn.", f);
+      norm2.visit(prefix + "norm2.", f);
+      mlp.visit(prefix + "mlp.", f);
+    }
   };
 
   Config config;
@@ -31,20 +39,14 @@ class TokenDecoder {
       : config(c),
         blocks(c.token_decoder_layers,
                Block{nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps), nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps),
-                     nn::SelfAttention<S>(token_decoder_attention_settings(c)),
+                     nn::SelfAttention<S>(token_decoder_attention_config(c)),
                      nn::SwiGLU<S>(c.d_model, c.token_decoder_mlp_hidden)}),
         norm_final(c.d_model, c.layer_norm_eps),
         lm_head(c.d_model, c.vocab_size, false) {}
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {
-    for (std::size_t i = 0; i < blocks.size(); ++i) {
-      const std::string p = prefix + "blocks." + std::to_string(i) + ".";
-      blocks[i].norm1.visit(p + "norm1.", f);
-      blocks[i].attn.visit(p + "attn.", f);
-      blocks[i].norm2.visit(p + "norm2.", f);
-      blocks[i].mlp.visit(p + "mlp.", f);
-    }
+    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].visit(prefix + "blocks." + std::to_string(i) + ".", f);
     norm_final.visit(prefix + "norm_final.", f);
     lm_head.visit(prefix + "lm_head.", f);
   }

@@ -12,36 +12,47 @@
 
 namespace ldlm::nn {
 
-/// What an attention module needs to know beyond its weights.
-struct AttentionSettings {
+/// The configuration of one attention module: its widths, what the module does
+/// around the kernel (rotary on q and k, per-head q/k RMSNorm), and `options`, the
+/// kernel's own ops-level AttentionOptions. The kernel's AttentionShape comes from
+/// the widths and each call's sequence lengths (`shape`).
+struct AttentionModuleConfig {
   Index d_model = 768;
   Index heads = 12;
   Index head_dim = 64;
-  double softcap = 0.0;  // 0 disables
   bool rotary = false;
   bool rotary_interleaved = false;
   double rope_base = 10000.0;
   bool qk_norm = false;
   double rms_eps = 1e-5;
-  bool causal = false;
+  /// softcap and causal. Its precision is not consulted: a module computes in the
+  /// precision its projections were packed in (`kernel_options`).
+  AttentionOptions options;
+
+  AttentionShape shape(Index batch, Index q_len, Index kv_len) const { return {batch, q_len, kv_len, heads, head_dim}; }
+  AttentionOptions kernel_options(Precision precision) const {
+    AttentionOptions o = options;
+    o.precision = precision;
+    return o;
+  }
 };
 
 namespace detail {
 /// Rotary (when on) and attention over a [rows, 3d] buffer holding q | k | v;
 /// writes the merged heads to a [rows, d].
 template <class S>
-void attend_qkv(Context& ctx, const AttentionSettings& s, Precision precision, MatrixMap<S> qkv, Index B, Index T,
-                const RotaryTable<S>* rotary, MatrixMap<S> a) {
-  const Index d = s.d_model;
-  if (s.rotary) {
+void attend_qkv(Context& ctx, const AttentionModuleConfig& config, Precision precision, MatrixMap<S> qkv, Index B,
+                Index T, const RotaryTable<S>* rotary, MatrixMap<S> a) {
+  const Index d = config.d_model;
+  if (config.rotary) {
     RotaryTable<S> local;
-    if (!rotary) rotary = &(local = make_rotary_table<S>(ctx.arena(), T, s.head_dim, s.rope_base));
+    if (!rotary) rotary = &(local = make_rotary_table<S>(ctx.arena(), T, config.head_dim, config.rope_base));
     // q and k are adjacent: 2H heads starting at column 0.
-    apply_rotary_inplace<S>(ctx, qkv, 0, 2 * s.heads, s.head_dim, T, *rotary, s.rotary_interleaved);
+    apply_rotary_inplace<S>(ctx, qkv, 0, 2 * config.heads, config.head_dim, T, *rotary, config.rotary_interleaved);
   }
   const Index stride = 3 * d;
   attention<S>(ctx, {qkv.data(), stride}, {qkv.data() + d, stride}, {qkv.data() + 2 * d, stride}, a.data(), d,
-               {B, T, T, s.heads, s.head_dim}, {s.softcap, s.causal, precision});
+               config.shape(B, T, T), config.kernel_options(precision));
 }
 }  // namespace detail
 
@@ -49,12 +60,12 @@ void attend_qkv(Context& ctx, const AttentionSettings& s, Precision precision, M
 /// [d, d], rotary and softcap. Names sit directly under the block prefix.
 template <class S = float>
 struct FusedSelfAttention {
-  AttentionSettings settings;
+  AttentionModuleConfig config;
   Linear<S> attn_qkv, attn_out;
 
   FusedSelfAttention() = default;
-  explicit FusedSelfAttention(const AttentionSettings& s)
-      : settings(s), attn_qkv(s.d_model, 3 * s.d_model, false), attn_out(s.d_model, s.d_model, false) {}
+  explicit FusedSelfAttention(const AttentionModuleConfig& s)
+      : config(s), attn_qkv(s.d_model, 3 * s.d_model, false), attn_out(s.d_model, s.d_model, false) {}
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {
@@ -65,11 +76,11 @@ struct FusedSelfAttention {
   /// x, y: [B*T, d]; y must not alias x. `rotary` may be null (built on the fly).
   void forward(Context& ctx, ConstMatRef<S> x, Index B, Index T, const RotaryTable<S>* rotary, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
-    const Index rows = B * T, d = settings.d_model;
+    const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
     MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);             // [B*T, d]
     attn_qkv.forward(ctx, x, qkv);
-    detail::attend_qkv<S>(ctx, settings, attn_qkv.precision(), qkv, B, T, rotary, a);
+    detail::attend_qkv<S>(ctx, config, attn_qkv.precision(), qkv, B, T, rotary, a);
     attn_out.forward(ctx, a, y);
   }
 };
@@ -77,12 +88,12 @@ struct FusedSelfAttention {
 /// The token decoder's self-attention: separate bias-free q/k/v/o projections.
 template <class S = float>
 struct SelfAttention {
-  AttentionSettings settings;
+  AttentionModuleConfig config;
   Linear<S> q_proj, k_proj, v_proj, o_proj;
 
   SelfAttention() = default;
-  explicit SelfAttention(const AttentionSettings& s)
-      : settings(s),
+  explicit SelfAttention(const AttentionModuleConfig& s)
+      : config(s),
         q_proj(s.d_model, s.d_model, false),
         k_proj(s.d_model, s.d_model, false),
         v_proj(s.d_model, s.d_model, false),
@@ -98,13 +109,13 @@ struct SelfAttention {
 
   void forward(Context& ctx, ConstMatRef<S> x, Index B, Index T, const RotaryTable<S>* rotary, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
-    const Index rows = B * T, d = settings.d_model;
+    const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d] = q | k | v
     MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);             // [B*T, d]
     q_proj.forward(ctx, x, qkv.middleCols(0, d));
     k_proj.forward(ctx, x, qkv.middleCols(d, d));
     v_proj.forward(ctx, x, qkv.middleCols(2 * d, d));
-    detail::attend_qkv<S>(ctx, settings, q_proj.precision(), qkv, B, T, rotary, a);
+    detail::attend_qkv<S>(ctx, config, q_proj.precision(), qkv, B, T, rotary, a);
     o_proj.forward(ctx, a, y);
   }
 };
@@ -112,15 +123,15 @@ struct SelfAttention {
 /// GPT-2's causal attention: Conv1D `c_attn` [d, 3d] with bias, `c_proj` [d, d].
 template <class S = float>
 struct GPT2Attention {
-  AttentionSettings settings;
+  AttentionModuleConfig config;
   Conv1D<S> c_attn, c_proj;
 
   GPT2Attention() = default;
-  GPT2Attention(const AttentionSettings& s, Role role)
-      : settings(s), c_attn(s.d_model, 3 * s.d_model, role), c_proj(s.d_model, s.d_model, role) {
-    settings.causal = true;
-    settings.rotary = false;
-    settings.softcap = 0.0;
+  GPT2Attention(const AttentionModuleConfig& s, Role role)
+      : config(s), c_attn(s.d_model, 3 * s.d_model, role), c_proj(s.d_model, s.d_model, role) {
+    config.options.causal = true;
+    config.rotary = false;
+    config.options.softcap = 0.0;
   }
 
   template <class F>
@@ -131,11 +142,11 @@ struct GPT2Attention {
 
   void forward(Context& ctx, ConstMatRef<S> x, Index B, Index T, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
-    const Index rows = B * T, d = settings.d_model;
+    const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
     MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);             // [B*T, d]
     c_attn.forward(ctx, x, qkv);
-    detail::attend_qkv<S>(ctx, settings, c_attn.precision(), qkv, B, T, nullptr, a);
+    detail::attend_qkv<S>(ctx, config, c_attn.precision(), qkv, B, T, nullptr, a);
     c_proj.forward(ctx, a, y);
   }
 };
@@ -145,14 +156,14 @@ struct GPT2Attention {
 /// RMSNorm, no rotary.
 template <class S = float>
 struct LatentAttention {
-  AttentionSettings settings;
+  AttentionModuleConfig config;
   RMSNorm<S> norm_embeddings, norm_latents;
   Linear<S> latents_to_Q, latents_to_KV, embeddings_to_KV, projector_latents;
   RMSNorm<S> query_norm, key_norm;
 
   LatentAttention() = default;
-  explicit LatentAttention(const AttentionSettings& s)
-      : settings(s),
+  explicit LatentAttention(const AttentionModuleConfig& s)
+      : config(s),
         norm_embeddings(s.d_model, s.rms_eps),
         norm_latents(s.d_model, s.rms_eps),
         latents_to_Q(s.d_model, s.d_model, false),
@@ -169,7 +180,7 @@ struct LatentAttention {
     latents_to_Q.visit(prefix + "latents_to_Q.", f);
     latents_to_KV.visit(prefix + "latents_to_KV.", f);
     embeddings_to_KV.visit(prefix + "embeddings_to_KV.", f);
-    if (settings.qk_norm) {
+    if (config.qk_norm) {
       query_norm.visit(prefix + "query_norm.", f);
       key_norm.visit(prefix + "key_norm.", f);
     }
@@ -180,7 +191,7 @@ struct LatentAttention {
   void forward(Context& ctx, ConstMatRef<S> c, Index Tc, ConstMatRef<S> x, Index B, Index Tq, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
     Arena& arena = ctx.arena();
-    const Index d = settings.d_model, hd = settings.head_dim, L = Tq + Tc;
+    const Index d = config.d_model, hd = config.head_dim, L = Tq + Tc;
     MatrixMap<S> cn(arena.allocate<S>(B * Tc * d), B * Tc, d);  // [B*Tc, d]
     MatrixMap<S> xn(arena.allocate<S>(B * Tq * d), B * Tq, d);  // [B*Tq, d]
     MatrixMap<S> q(arena.allocate<S>(B * Tq * d), B * Tq, d);   // [B*Tq, d]
@@ -193,12 +204,12 @@ struct LatentAttention {
       latents_to_KV.forward(ctx, xn.middleRows(b * Tq, Tq), kv.middleRows(b * L, Tq));
       embeddings_to_KV.forward(ctx, cn.middleRows(b * Tc, Tc), kv.middleRows(b * L + Tq, Tc));
     }
-    if (settings.qk_norm) {
-      rms_norm_heads_inplace<S>(ctx, q, 0, settings.heads, query_norm.gamma.data(), hd, query_norm.eps);
-      rms_norm_heads_inplace<S>(ctx, kv, 0, settings.heads, key_norm.gamma.data(), hd, key_norm.eps);
+    if (config.qk_norm) {
+      rms_norm_heads_inplace<S>(ctx, q, 0, config.heads, query_norm.gamma.data(), hd, query_norm.eps);
+      rms_norm_heads_inplace<S>(ctx, kv, 0, config.heads, key_norm.gamma.data(), hd, key_norm.eps);
     }
     attention<S>(ctx, {q.data(), d}, {kv.data(), 2 * d}, {kv.data() + d, 2 * d}, a.data(), d,
-                 {B, Tq, L, settings.heads, hd}, {settings.softcap, false, latents_to_Q.precision()});
+                 config.shape(B, Tq, L), config.kernel_options(latents_to_Q.precision()));
     projector_latents.forward(ctx, a, y);
   }
 };

@@ -9,10 +9,10 @@
 
 namespace ldlm::nn {
 
-/// `positional_emb.emb.weight` [max_positions, d]; rows are scaled by d^-1/2 on use.
+/// The learned position table; rows are scaled by d^-1/2 on use.
 template <class S = float>
 struct PositionalEmbedding {
-  Parameter<S> table;
+  Parameter<S> table;  // [max_positions, d], state dict emb.weight (an nn.Embedding named emb)
 
   PositionalEmbedding() = default;
   PositionalEmbedding(Index max_positions, Index d) : table({max_positions, d}) {}
@@ -30,7 +30,7 @@ struct PositionalEmbedding {
 /// ScaleMask: a Linear(1, 1) on the mask indicator; x · (1 + w·m + b) with m = 1.
 template <class S = float>
 struct ScaleMask {
-  Parameter<S> weight{{1, 1}}, bias{{1}};
+  Parameter<S> weight{{1, 1}}, bias{{1}};  // state dict scale_mlp.weight, scale_mlp.bias
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {

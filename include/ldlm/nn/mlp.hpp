@@ -10,10 +10,11 @@
 
 namespace ldlm::nn {
 
-/// Perceiver FFN: LayerNorm → Linear(d, h) → GELU(erf) → Dropout → Linear(h, d),
-/// named ffd.0, ffd.1, ffd.4.
+/// Perceiver FFN: LayerNorm → Linear(d, h) → GELU(erf) → Dropout → Linear(h, d).
 template <class S = float>
 struct PerceiverFFN {
+  // State dict ffd.0, ffd.1 and ffd.4: indices in a Sequential whose .2 is the GELU
+  // and .3 the Dropout.
   LayerNorm<S> norm;
   Linear<S> up, down;
 
@@ -67,10 +68,10 @@ struct SwiGLU {
   }
 };
 
-/// Linear → GELU(tanh) → Linear with biases: the denoiser MLP (mlp.0, mlp.2).
+/// Linear → GELU(tanh) → Linear with biases: the denoiser MLP.
 template <class S = float>
 struct GeluMLP {
-  Linear<S> fc1, fc2;
+  Linear<S> fc1, fc2;  // state dict 0 and 2: indices in a Sequential whose .1 is the GELU
 
   GeluMLP() = default;
   GeluMLP(Index d, Index hidden) : fc1(d, hidden, true), fc2(hidden, d, true) {}

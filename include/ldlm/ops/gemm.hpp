@@ -6,9 +6,9 @@
 //           Weights are reordered once into the layout its kernels want
 //           (PackedMatrix); activation products (attention) use its strided GEMM.
 //   eigen    Eigen's own products: the fallback of a build without oneDNN.
-// Measured on the ldlm-base shapes (bench/README.md): oneDNN's packed fp32 kernels
-// run at 85-100% of the FMA peak where OpenBLAS reached 77% when told the right core
-// and 13% when it guessed the core itself, so OpenBLAS is not used.
+// OpenBLAS is not a backend: it picks its kernels by a guess of the CPU model, and on
+// the ldlm-base shapes it was slower than oneDNN even when told the right model
+// (figures in bench/results/README.md).
 //
 // Threading: every product runs on the calling thread only; ldlm's pool splits the
 // work (ops/linear.hpp, ops/attention.hpp), so a result never depends on which
@@ -301,9 +301,10 @@ inline Matmul& packed_matmul(const memory::desc& weights, Index M, bool bias) {
 }
 
 /// True for a kernel that multiplies bf16 with bf16 instructions (AVX512_BF16, AMX).
-/// oneDNN also runs bf16 on plain AVX-512 by emulating it, about 3x slower than its
-/// fp32 kernels there, and not at all below AVX-512: on such CPUs ldlm rounds the
-/// operands to bf16 and multiplies with fp32 kernels, which gives the same values.
+/// oneDNN also runs bf16 on plain AVX-512 by emulating it, slower than its fp32
+/// kernels there (bench/results/README.md), and not at all below AVX-512: on such
+/// CPUs ldlm rounds the operands to bf16 and multiplies with fp32 kernels, which
+/// gives the same values.
 inline bool bf16_instructions(const std::string& kernel) {
   return kernel.find("bf16") != std::string::npos || kernel.find("amx") != std::string::npos;
 }
