@@ -8,7 +8,6 @@
 #include <cctype>
 #include <charconv>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -356,73 +355,59 @@ const Command kCompare{
     {{"atol", "A", "absolute tolerance (default 1e-5)"}, {"rtol", "R", "relative tolerance (default 1e-5)"}},
     ""};
 
-std::string index_string(std::int64_t flat, const Shape& shape) {
-  Shape index(shape.size());
-  for (std::int64_t k = static_cast<std::int64_t>(shape.size()) - 1; k >= 0; --k) {
-    index[k] = shape[k] ? flat % shape[k] : 0;
-    flat = shape[k] ? flat / shape[k] : 0;
-  }
-  return shape_string(index);
-}
-
 std::string number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
 }
 
+/// The line of a tensor that both files hold with the same shape.
+std::string comparison_line(const std::string& label, const Shape& shape, const Comparison& c, Tolerance tol) {
+  std::string line =
+      std::string(c.ok() ? "ok       " : "MISMATCH ") + " " + label + ": max |error| " + number(c.max_error);
+  if (c.worst >= 0)
+    line += ", worst at " + index_string(c.worst, shape) + " (out " + number(c.worst_got) + ", ref " +
+            number(c.worst_ref) + ", allowed " + number(tol.allowed(c.worst_ref)) + ")";
+  if (!c.ok())
+    line += "; " + std::to_string(c.failures) + " of " + std::to_string(c.count) + " elements outside tolerance";
+  return line;
+}
+
+/// Checks REF's tensor `r` against OUT's and prints its line; false when they differ.
+bool compare_tensor(const SafetensorsFile& out, const SafetensorsFile& ref, const TensorInfo& r, Tolerance tol) {
+  const std::string label = r.name + " " + shape_string(r.shape);
+  if (!out.contains(r.name)) {
+    std::printf("MISSING   %s: not in %s\n", label.c_str(), out.path().c_str());
+    return false;
+  }
+  const TensorInfo& o = out.info(r.name);
+  if (o.shape != r.shape) {
+    std::printf("SHAPE     %s: output has shape %s\n", label.c_str(), shape_string(o.shape).c_str());
+    return false;
+  }
+  const auto got = out.read<double>(r.name);
+  const auto want = ref.read<double>(r.name);
+  const Comparison c = compare_values(got.data(), want.data(), static_cast<std::int64_t>(want.size()), tol);
+  std::printf("%s\n", comparison_line(label, r.shape, c, tol).c_str());
+  return c.ok();
+}
+
 int run_compare(const Args& args) {
   args.expect_positionals(2, 2);
-  const double atol = args.get_double("atol", 1e-5, 0.0);
-  const double rtol = args.get_double("rtol", 1e-5, 0.0);
+  const Tolerance tol{args.get_double("atol", 1e-5, 0.0), args.get_double("rtol", 1e-5, 0.0)};
   const auto out = SafetensorsFile::open(args.positionals()[0]);
   const auto ref = SafetensorsFile::open(args.positionals()[1]);
   int bad = 0, count = 0;
   for (const TensorInfo& r : ref.tensors()) {
     ++count;
-    const std::string label = r.name + " " + shape_string(r.shape);
-    if (!out.contains(r.name)) {
-      std::printf("MISSING   %s: not in %s\n", label.c_str(), out.path().c_str());
-      ++bad;
-      continue;
-    }
-    const TensorInfo& o = out.info(r.name);
-    if (o.shape != r.shape) {
-      std::printf("SHAPE     %s: output has shape %s\n", label.c_str(), shape_string(o.shape).c_str());
-      ++bad;
-      continue;
-    }
-    const auto got = out.read<double>(r.name);
-    const auto want = ref.read<double>(r.name);
-    double max_error = 0, worst_excess = -INFINITY;
-    std::int64_t worst = -1, failures = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      const double g = got[i], w = want[i];
-      const bool both_nan = std::isnan(g) && std::isnan(w);
-      const double error = (g == w || both_nan) ? 0.0 : std::abs(g - w);  // equal infinities agree
-      const double excess = std::isnan(error) ? INFINITY : error - (atol + rtol * std::abs(w));
-      if (std::isnan(error) || error > max_error) max_error = std::isnan(error) ? INFINITY : error;
-      if (excess > 0) ++failures;
-      if (excess > worst_excess) worst_excess = excess, worst = static_cast<std::int64_t>(i);
-    }
-    if (failures) ++bad;
-    std::string line =
-        std::string(failures ? "MISMATCH " : "ok       ") + " " + label + ": max |error| " + number(max_error);
-    if (worst >= 0) {
-      const double g = got[worst], w = want[worst];
-      line += ", worst at " + index_string(worst, r.shape) + " (out " + number(g) + ", ref " + number(w) +
-              ", allowed " + number(atol + rtol * std::abs(w)) + ")";
-    }
-    if (failures)
-      line += "; " + std::to_string(failures) + " of " + std::to_string(want.size()) + " elements outside tolerance";
-    std::printf("%s\n", line.c_str());
+    if (!compare_tensor(out, ref, r, tol)) ++bad;
   }
+  const std::string tolerance = "atol " + number(tol.atol) + ", rtol " + number(tol.rtol);
   if (bad) {
-    std::printf("compare: %d of %d tensor(s) differ (atol %s, rtol %s)\n", bad, count, number(atol).c_str(),
-                number(rtol).c_str());
+    std::printf("compare: %d of %d tensor(s) differ (%s)\n", bad, count, tolerance.c_str());
     return 1;
   }
-  std::printf("compare: all %d tensor(s) within atol %s, rtol %s\n", count, number(atol).c_str(), number(rtol).c_str());
+  std::printf("compare: all %d tensor(s) within %s\n", count, tolerance.c_str());
   return 0;
 }
 
