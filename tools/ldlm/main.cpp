@@ -238,20 +238,7 @@ const Command kParams{"params",
 int run_params(const Args& args) {
   args.expect_positionals(0, 0);
   const auto weights = open_weights(args);
-  const LDLM<float> model(load_config(args, weights));
-  const auto table = parameter_table(model);
-  ParameterCounts total;
-  std::printf("%-26s %14s %14s\n", "module", "trained", "frozen");
-  for (const auto& row : table) {
-    std::printf("%-26s %14lld %14lld\n", row.module.c_str(), static_cast<long long>(row.counts.trained),
-                static_cast<long long>(row.counts.frozen));
-    total.trained += row.counts.trained;
-    total.frozen += row.counts.frozen;
-  }
-  std::printf("%-26s %14lld\n", "trained total", static_cast<long long>(total.trained));
-  std::printf("%-26s %14lld\n", "frozen total", static_cast<long long>(total.frozen));
-  std::printf("%-26s %14lld\n", "denoiser final LayerNorm",
-              static_cast<long long>(count_parameters(model.denoiser.norm_final).total()));
+  std::fputs(parameter_table_text(LDLM<float>(load_config(args, weights))).c_str(), stdout);
   return 0;
 }
 
