@@ -229,6 +229,7 @@ Shape shape3(const Tensor3<float>& t) { return shape_of(t); }
 // ---------------------------------------------------------------------------
 
 const Command kParams{"params",
+                      "parameter counts per module and the totals",
                       "",
                       "Print the trained and frozen parameter counts of every module, then the totals\n"
                       "(nothing is allocated).",
@@ -247,6 +248,7 @@ int run_params(const Args& args) {
 // ---------------------------------------------------------------------------
 
 const Command kForward{"forward",
+                       "run one module on named safetensors inputs",
                        "MODULE",
                        "Run one module on named inputs and write named float32 outputs.",
                        {kWeightsOption,
@@ -269,13 +271,19 @@ const Command kForward{"forward",
                        "writes it); --config is needed only for files without one, and must match otherwise.\n"
                        "The output file carries the configuration too.\n"};
 
-int run_forward(const Args& args) {
-  args.expect_positionals(1, 1);
-  const std::string module = args.positionals()[0];
-  const std::vector<std::string> modules = {"feature_model", "encoder",  "latent_decoder",
-                                            "token_decoder", "denoiser", "reconstruct"};
+/// The MODULE of `forward`: one of module_names(), or "reconstruct" for the chain.
+std::string forward_target(const Args& args) {
+  std::vector<std::string> modules = module_names();
+  modules.push_back("reconstruct");
+  const std::string& module = args.positionals()[0];
   if (std::find(modules.begin(), modules.end(), module) == modules.end())
     args.fail("unknown module '" + module + "' (expected one of: " + join(modules, ", ") + ")");
+  return module;
+}
+
+int run_forward(const Args& args) {
+  args.expect_positionals(1, 1);
+  const std::string module = forward_target(args);
   const std::string weights_path = args.required("weights");
   const std::string inputs_path = args.required("inputs");
   const std::string output_path = args.required("output");
@@ -336,6 +344,7 @@ int run_forward(const Args& args) {
 
 const Command kCompare{
     "compare",
+    "compare two safetensors files tensor by tensor",
     "OUT.safetensors REF.safetensors",
     "Check every tensor of REF against OUT: same shape and |out - ref| <= atol + rtol*|ref|\n"
     "elementwise. Prints one line per tensor; exits 1 on any mismatch.",
@@ -465,6 +474,7 @@ void print_text(std::ostream& out, const Tokenizer& tokenizer, const TokenTensor
 // ---------------------------------------------------------------------------
 
 const Command kGenerate{"generate",
+                        "sample token sequences with the diffusion model",
                         "",
                         "Sample latents with the denoiser (N Euler steps from pure noise; docs/model.md#sampler),\n"
                         "decode them and print the text: one sample, or each of --batch samples after a\n"
@@ -558,6 +568,7 @@ int run_generate(const Args& args) {
 // ---------------------------------------------------------------------------
 
 const Command kReconstruct{"reconstruct",
+                           "encode and decode token ids",
                            "",
                            "Encode token ids (GPT-2 features, latent encoder) and decode them again (latent\n"
                            "decoder, token decoder, argmax); print the reconstructed ids, one line per sequence.",
@@ -645,6 +656,7 @@ int run_reconstruct(const Args& args) {
 // ---------------------------------------------------------------------------
 
 const Command kTokenize{"tokenize",
+                        "UTF-8 text to GPT-2 token ids",
                         "",
                         "Print the token ids of UTF-8 text (stdin, or --text) on one line.",
                         {{"text", "S", "the text to encode instead of stdin"}, kTokenizerOption, kVocabSizeOption},
@@ -666,6 +678,7 @@ int run_tokenize(const Args& args) {
 }
 
 const Command kDetokenize{"detokenize",
+                          "token ids to text",
                           "",
                           "Write the bytes of token ids (stdin, or --ids) to stdout, exactly: no newline is\n"
                           "added, and ids that end inside a UTF-8 character give that character's first bytes.",
@@ -709,6 +722,7 @@ int run_detokenize(const Args& args) {
 // ---------------------------------------------------------------------------
 
 const Command kInfo{"info",
+                    "CPU features and the kernels chosen for fp32 and bf16",
                     "",
                     "Print the CPU's features and the kernel that runs each kind of product, in fp32\n"
                     "and bf16. The choice follows CPUID, never the CPU model; LDLM_GEMM_BACKEND=eigen and\n"
@@ -756,20 +770,13 @@ const std::vector<Subcommand>& subcommands() {
 }
 
 std::string main_usage() {
+  std::size_t width = 0;
+  for (const auto& sub : subcommands()) width = std::max(width, sub.command->name.size());
   std::string s =
       "usage: ldlm COMMAND [options]\n\n"
       "LDLM, the latent diffusion language model, in header-only C++.\n\ncommands:\n";
-  const char* lines[] = {
-      "  params       parameter counts per module and the totals",
-      "  forward      run one module on named safetensors inputs",
-      "  compare      compare two safetensors files tensor by tensor",
-      "  generate     sample token sequences with the diffusion model",
-      "  reconstruct  encode and decode token ids",
-      "  tokenize     UTF-8 text to GPT-2 token ids",
-      "  detokenize   token ids to text",
-      "  info         CPU features and the kernels chosen for fp32 and bf16",
-  };
-  for (const char* line : lines) s += std::string(line) + "\n";
+  for (const auto& sub : subcommands())
+    s += "  " + sub.command->name + std::string(width - sub.command->name.size() + 2, ' ') + sub.command->brief + "\n";
   s += "\n'ldlm COMMAND --help' describes a command. Errors exit with 2 (usage) or 1 (runtime).\n";
   return s;
 }
