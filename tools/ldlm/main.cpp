@@ -222,8 +222,6 @@ class Inputs {
   std::string module_;
 };
 
-Shape shape3(const Tensor3<float>& t) { return shape_of(t); }
-
 // ---------------------------------------------------------------------------
 // ldlm params
 // ---------------------------------------------------------------------------
@@ -281,6 +279,70 @@ std::string forward_target(const Args& args) {
   return module;
 }
 
+/// One `forward` run. Each step reads its inputs before loading weights, so that a
+/// wrong inputs file fails before the slow part.
+struct ForwardRun {
+  Context& ctx;
+  LDLM<float>& model;
+  const Inputs& inputs;
+  const SafetensorsFile& weights;
+  Precision precision;
+  SafetensorsWriter& out;
+
+  void load(const std::string& module) const { load_module(model, weights, module, precision); }
+  void add(const std::string& name, const Tensor3<float>& t) const { out.add(name, shape_of(t), t.data()); }
+};
+
+void forward_feature_model(const ForwardRun& run) {
+  const TokenTensor tokens = run.inputs.tokens("tokens");
+  run.load("feature_model");
+  run.add("features", run.model.feature_model.forward(run.ctx, tokens));
+}
+
+/// A module that maps one [B, T, d] activation to one output.
+template <class Module>
+void forward_one_input(const ForwardRun& run, const std::string& module, const Module& part, const char* input,
+                       const char* output) {
+  const auto x = run.inputs.activation(input, run.model.config.d_model);
+  run.load(module);
+  run.add(output, part.forward(run.ctx, x));
+}
+
+void forward_denoiser(const ForwardRun& run) {
+  const Index d = run.model.config.d_model;
+  const auto x_t = run.inputs.activation("x_t", d);
+  const auto t = run.inputs.vector("t", x_t.dimension(0));
+  const auto self_cond = run.inputs.activation("self_cond", d);
+  run.load("denoiser");
+  run.add("x0", run.model.denoiser.forward(run.ctx, x_t, t, self_cond));
+}
+
+void forward_reconstruct(const ForwardRun& run) {
+  const TokenTensor tokens = run.inputs.tokens("tokens");
+  for (const char* part : {"feature_model", "encoder", "latent_decoder", "token_decoder"}) run.load(part);
+  const auto r = Pipeline<float>(run.model).reconstruct(run.ctx, tokens);
+  run.add("features", r.features);
+  run.add("latents", r.latents);
+  run.add("hidden", r.hidden);
+  run.add("logits", r.logits);
+}
+
+void forward_module(const ForwardRun& run, const std::string& module) {
+  const LDLM<float>& m = run.model;
+  if (module == "feature_model")
+    forward_feature_model(run);
+  else if (module == "encoder")
+    forward_one_input(run, module, m.encoder, "features", "latents");
+  else if (module == "latent_decoder")
+    forward_one_input(run, module, m.latent_decoder, "latents", "hidden");
+  else if (module == "token_decoder")
+    forward_one_input(run, module, m.token_decoder, "hidden", "logits");
+  else if (module == "denoiser")
+    forward_denoiser(run);
+  else
+    forward_reconstruct(run);
+}
+
 int run_forward(const Args& args) {
   args.expect_positionals(1, 1);
   const std::string module = forward_target(args);
@@ -297,43 +359,7 @@ int run_forward(const Args& args) {
   SafetensorsWriter out;
   out.set_metadata("module", module);
   out.set_metadata(std::string(kConfigMetadataKey), config.to_json().dump());
-  const Index d = config.d_model;
-  // The modules that map one [B, T, d] activation to one output.
-  const auto run_one_input = [&](auto& part, const char* input, const char* output) {
-    const auto x = inputs.activation(input, d);
-    load_module(model, *weights, module, precision);
-    const auto y = part.forward(ctx, x);
-    out.add(output, shape3(y), y.data());
-  };
-
-  if (module == "feature_model") {
-    const TokenTensor tokens = inputs.tokens("tokens");
-    load_module(model, *weights, "feature_model", precision);
-    const auto features = model.feature_model.forward(ctx, tokens);
-    out.add("features", shape3(features), features.data());
-  } else if (module == "encoder") {
-    run_one_input(model.encoder, "features", "latents");
-  } else if (module == "latent_decoder") {
-    run_one_input(model.latent_decoder, "latents", "hidden");
-  } else if (module == "token_decoder") {
-    run_one_input(model.token_decoder, "hidden", "logits");
-  } else if (module == "denoiser") {
-    const auto x_t = inputs.activation("x_t", d);
-    const auto t = inputs.vector("t", x_t.dimension(0));
-    const auto self_cond = inputs.activation("self_cond", d);
-    load_module(model, *weights, "denoiser", precision);
-    const auto x0 = model.denoiser.forward(ctx, x_t, t, self_cond);
-    out.add("x0", shape3(x0), x0.data());
-  } else {  // reconstruct
-    const TokenTensor tokens = inputs.tokens("tokens");
-    for (const char* part : {"feature_model", "encoder", "latent_decoder", "token_decoder"})
-      load_module(model, *weights, part, precision);
-    const auto r = Pipeline<float>(model).reconstruct(ctx, tokens);
-    out.add("features", shape3(r.features), r.features.data());
-    out.add("latents", shape3(r.latents), r.latents.data());
-    out.add("hidden", shape3(r.hidden), r.hidden.data());
-    out.add("logits", shape3(r.logits), r.logits.data());
-  }
+  forward_module({ctx, model, inputs, *weights, precision, out}, module);
   out.write(output_path);
   return 0;
 }
@@ -469,6 +495,14 @@ void print_text(std::ostream& out, const Tokenizer& tokenizer, const TokenTensor
   }
 }
 
+/// The samples as text with a tokenizer, else as token ids.
+void print_samples(std::ostream& out, const std::optional<Tokenizer>& tokenizer, const TokenTensor& tokens) {
+  if (tokenizer)
+    print_text(out, *tokenizer, tokens);
+  else
+    print_tokens(out, tokens);
+}
+
 // ---------------------------------------------------------------------------
 // ldlm generate
 // ---------------------------------------------------------------------------
@@ -521,12 +555,8 @@ class ProgressBar {
   std::chrono::steady_clock::time_point start_;
 };
 
-int run_generate(const Args& args) {
-  args.expect_positionals(0, 0);
-  const auto weights = open_model(args);
-  const Config config = load_config(args, weights);
-  const Index T = args.get_int("length", 32, 1);
-  const Index B = args.get_int("batch", 1, 1, 1 << 16);
+/// --steps, --seed and --sampler.
+SamplerOptions sampler_options(const Args& args) {
   SamplerOptions options;
   options.steps = static_cast<int>(args.get_int("steps", 16, 1, 1 << 20));
   options.seed = args.get_uint("seed", 0);
@@ -537,6 +567,28 @@ int run_generate(const Args& args) {
     options.kind = SamplerKind::ode;
   else
     args.fail("option '--sampler' must be 'sde' or 'ode', got '" + sampler + "'");
+  return options;
+}
+
+/// Writes the samples to --output, else stdout: as text when a tokenizer fits, else as ids.
+void write_samples(const Args& args, const Config& config, const TokenTensor& tokens) {
+  std::ofstream file;
+  if (auto path = args.value("output")) {
+    file.open(*path);
+    if (!file) throw IoError("generate: cannot open '" + *path + "' for writing");
+  }
+  std::ostream& out = args.has("output") ? file : std::cout;
+  print_samples(out, text_tokenizer(args, config), tokens);
+  if (!out.flush()) throw IoError("generate: writing the samples failed");
+}
+
+int run_generate(const Args& args) {
+  args.expect_positionals(0, 0);
+  const auto weights = open_model(args);
+  const Config config = load_config(args, weights);
+  const Index T = args.get_int("length", 32, 1);
+  const Index B = args.get_int("batch", 1, 1, 1 << 16);
+  SamplerOptions options = sampler_options(args);
   check_sampling_arguments("generate", config, B, T, options.steps);
   const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
@@ -547,19 +599,7 @@ int run_generate(const Args& args) {
   // too (154 MB at ldlm-base width), and the peak is lowest while little else is resident.
   fill_modules(model, args, weights, {"token_decoder", "latent_decoder"}, {"denoiser"}, parallel, precision);
   if (isatty(STDERR_FILENO)) options.progress = ProgressBar();
-
-  const TokenTensor tokens = Pipeline<float>(model).generate(ctx, B, T, options);
-  std::ofstream file;
-  if (auto path = args.value("output")) {
-    file.open(*path);
-    if (!file) throw IoError("generate: cannot open '" + *path + "' for writing");
-  }
-  std::ostream& out = args.has("output") ? file : std::cout;
-  if (const auto tokenizer = text_tokenizer(args, config))
-    print_text(out, *tokenizer, tokens);
-  else
-    print_tokens(out, tokens);
-  if (!out.flush()) throw IoError("generate: writing the samples failed");
+  write_samples(args, config, Pipeline<float>(model).generate(ctx, B, T, options));
   return 0;
 }
 
@@ -643,11 +683,7 @@ int run_reconstruct(const Args& args) {
   // Large tables first (lm_head, wte), as in generate.
   fill_modules(model, args, weights, {"token_decoder", "latent_decoder"}, {"feature_model", "encoder"}, parallel,
                precision);
-  const TokenTensor reconstructed = Pipeline<float>(model).reconstruct(ctx, tokens).tokens;
-  if (tokenizer)
-    print_text(std::cout, *tokenizer, reconstructed);
-  else
-    print_tokens(std::cout, reconstructed);
+  print_samples(std::cout, tokenizer, Pipeline<float>(model).reconstruct(ctx, tokens).tokens);
   return 0;
 }
 
