@@ -10,24 +10,9 @@
 int main(int argc, char** argv) try {
   const ldlm::Config config = argc > 1 ? ldlm::Config::load(argv[1]) : ldlm::Config{};
   const ldlm::LDLM<float> model(config);
-  const auto table = ldlm::parameter_table(model);
+  std::fputs(ldlm::parameter_table_text(model).c_str(), stdout);
 
-  std::printf("%-16s %15s %15s\n", "module", "trained", "frozen");
-  for (const auto& row : table)
-    std::printf("%-16s %15lld %15lld\n", row.module.c_str(), static_cast<long long>(row.counts.trained),
-                static_cast<long long>(row.counts.frozen));
-  const ldlm::ParameterCounts total = ldlm::count_parameters(model);
-  std::printf("%-16s %15lld %15lld\n", "total", static_cast<long long>(total.trained),
-              static_cast<long long>(total.frozen));
-  std::printf("denoiser final LayerNorm: %lld\n",
-              static_cast<long long>(ldlm::count_parameters(model.denoiser.output_layer.norm_final).total()));
-
-  const auto analytic = ldlm::analytic_parameter_table(config);
-  bool agree = analytic.size() == table.size();
-  for (std::size_t i = 0; agree && i < table.size(); ++i)
-    agree = analytic[i].module == table[i].module && analytic[i].counts.trained == table[i].counts.trained &&
-            analytic[i].counts.frozen == table[i].counts.frozen;
-  if (!agree) {
+  if (ldlm::analytic_parameter_table(config) != ldlm::parameter_table(model)) {
     std::fprintf(stderr, "params: the closed-form counts disagree with the instantiated modules\n");
     return 1;
   }

@@ -1,7 +1,7 @@
 // ldlm: the layers of LDLM, the Latent Diffusion Language Model, in header-only C++.
 // Include this umbrella header, or the individual headers in the order of the tree:
 //   core/     tensors, errors, named parameters, thread pool and scratch arena, CPU
-//             features, precision and bf16 values
+//             features, precision and bf16 values, comparison with a tolerance
 //   ops/      primitive free functions (GEMM backends and packed weights, norms,
 //             activations, rotary, attention)
 //   nn/       modules owning named parameters (Linear, norms, FFNs, attention)
@@ -10,6 +10,7 @@
 //   io/       safetensors reading/writing, checkpoint loading, GPT-2's tokenizer
 #pragma once
 
+#include "ldlm/core/compare.hpp"
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/cpu.hpp"
 #include "ldlm/core/error.hpp"

@@ -1,6 +1,7 @@
 // Test support: reading the PyTorch reference dumps of tests/data and comparing
-// with a stated tolerance |got - ref| <= atol + rtol·|ref|. A failure names the
-// worst element (multi-index, values, error) and the maximum absolute error.
+// with a stated tolerance |got - ref| <= atol + rtol·|ref| (core/compare.hpp). A
+// failure names the worst element (multi-index, values, error) and the maximum
+// absolute error.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -32,39 +33,23 @@ Tensor<S, Rank> read_tensor(const SafetensorsFile& file, const std::string& name
   return t;
 }
 
-struct Tolerance {
-  double atol = 1e-5;
-  double rtol = 1e-5;
-};
+using ldlm::Tolerance;
 
-/// Compares n values against the reference and reports the worst element.
+/// Compares the values of `shape` against the reference (core/compare.hpp) and
+/// reports the worst element.
 template <class S, class R>
 ::testing::AssertionResult all_close(const std::string& what, const S* got, const R* ref, const Shape& shape,
                                      Tolerance tol) {
   std::int64_t n = 1;
   for (auto e : shape) n *= e;
-  double max_abs = 0, worst_excess = -1;
-  std::int64_t worst = -1, failures = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double g = static_cast<double>(got[i]), r = static_cast<double>(ref[i]);
-    const double err = std::abs(g - r);
-    const double excess = std::isnan(g) != std::isnan(r) ? INFINITY : err - (tol.atol + tol.rtol * std::abs(r));
-    max_abs = std::isnan(err) ? INFINITY : std::max(max_abs, err);
-    if (excess > 0) ++failures;
-    if (excess > worst_excess) worst_excess = excess, worst = i;
-  }
+  const Comparison c = compare_values(got, ref, n, tol);
   std::ostringstream msg;
-  msg << what << " " << shape_string(shape) << ": max |error| " << max_abs << " (atol " << tol.atol << ", rtol "
+  msg << what << " " << shape_string(shape) << ": max |error| " << c.max_error << " (atol " << tol.atol << ", rtol "
       << tol.rtol << ")";
-  if (failures == 0) return ::testing::AssertionSuccess() << msg.str();
-  Shape index(shape.size());
-  for (std::int64_t rest = worst, k = static_cast<std::int64_t>(shape.size()) - 1; k >= 0; --k) {
-    index[k] = rest % shape[k];
-    rest /= shape[k];
-  }
-  msg << "; " << failures << " of " << n << " elements out of tolerance, worst at " << shape_string(index)
-      << ": got " << static_cast<double>(got[worst]) << ", reference " << static_cast<double>(ref[worst])
-      << ", error " << std::abs(static_cast<double>(got[worst]) - static_cast<double>(ref[worst]));
+  if (c.ok()) return ::testing::AssertionSuccess() << msg.str();
+  msg << "; " << c.failures << " of " << n << " elements out of tolerance, worst at " << index_string(c.worst, shape)
+      << ": got " << c.worst_got << ", reference " << c.worst_ref << ", error "
+      << element_error(c.worst_got, c.worst_ref) << ", allowed " << tol.allowed(c.worst_ref);
   return ::testing::AssertionFailure() << msg.str();
 }
 

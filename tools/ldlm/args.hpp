@@ -30,6 +30,7 @@ struct Option {
 
 struct Command {
   std::string name;
+  std::string brief;        // its line in 'ldlm --help'
   std::string positionals;  // as shown in the usage line, e.g. "MODULE"
   std::string summary;
   std::vector<Option> options;

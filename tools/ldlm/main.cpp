@@ -8,7 +8,6 @@
 #include <cctype>
 #include <charconv>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -223,13 +222,12 @@ class Inputs {
   std::string module_;
 };
 
-Shape shape3(const Tensor3<float>& t) { return shape_of(t); }
-
 // ---------------------------------------------------------------------------
 // ldlm params
 // ---------------------------------------------------------------------------
 
 const Command kParams{"params",
+                      "parameter counts per module and the totals",
                       "",
                       "Print the trained and frozen parameter counts of every module, then the totals\n"
                       "(nothing is allocated).",
@@ -239,20 +237,7 @@ const Command kParams{"params",
 int run_params(const Args& args) {
   args.expect_positionals(0, 0);
   const auto weights = open_weights(args);
-  const LDLM<float> model(load_config(args, weights));
-  const auto table = parameter_table(model);
-  ParameterCounts total;
-  std::printf("%-26s %14s %14s\n", "module", "trained", "frozen");
-  for (const auto& row : table) {
-    std::printf("%-26s %14lld %14lld\n", row.module.c_str(), static_cast<long long>(row.counts.trained),
-                static_cast<long long>(row.counts.frozen));
-    total.trained += row.counts.trained;
-    total.frozen += row.counts.frozen;
-  }
-  std::printf("%-26s %14lld\n", "trained total", static_cast<long long>(total.trained));
-  std::printf("%-26s %14lld\n", "frozen total", static_cast<long long>(total.frozen));
-  std::printf("%-26s %14lld\n", "denoiser final LayerNorm",
-              static_cast<long long>(count_parameters(model.denoiser.output_layer.norm_final).total()));
+  std::fputs(parameter_table_text(LDLM<float>(load_config(args, weights))).c_str(), stdout);
   return 0;
 }
 
@@ -261,6 +246,7 @@ int run_params(const Args& args) {
 // ---------------------------------------------------------------------------
 
 const Command kForward{"forward",
+                       "run one module on named safetensors inputs",
                        "MODULE",
                        "Run one module on named inputs and write named float32 outputs.",
                        {kWeightsOption,
@@ -283,13 +269,83 @@ const Command kForward{"forward",
                        "writes it); --config is needed only for files without one, and must match otherwise.\n"
                        "The output file carries the configuration too.\n"};
 
-int run_forward(const Args& args) {
-  args.expect_positionals(1, 1);
-  const std::string module = args.positionals()[0];
-  const std::vector<std::string> modules = {"feature_model", "encoder",  "latent_decoder",
-                                            "token_decoder", "denoiser", "reconstruct"};
+/// The MODULE of `forward`: one of module_names(), or "reconstruct" for the chain.
+std::string forward_target(const Args& args) {
+  std::vector<std::string> modules = module_names();
+  modules.push_back("reconstruct");
+  const std::string& module = args.positionals()[0];
   if (std::find(modules.begin(), modules.end(), module) == modules.end())
     args.fail("unknown module '" + module + "' (expected one of: " + join(modules, ", ") + ")");
+  return module;
+}
+
+/// One `forward` run. Each step reads its inputs before loading weights, so that a
+/// wrong inputs file fails before the slow part.
+struct ForwardRun {
+  Context& ctx;
+  LDLM<float>& model;
+  const Inputs& inputs;
+  const SafetensorsFile& weights;
+  Precision precision;
+  SafetensorsWriter& out;
+
+  void load(const std::string& module) const { load_module(model, weights, module, precision); }
+  void add(const std::string& name, const Tensor3<float>& t) const { out.add(name, shape_of(t), t.data()); }
+};
+
+void forward_feature_model(const ForwardRun& run) {
+  const TokenTensor tokens = run.inputs.tokens("tokens");
+  run.load("feature_model");
+  run.add("features", run.model.feature_model.forward(run.ctx, tokens));
+}
+
+/// A module that maps one [B, T, d] activation to one output.
+template <class Module>
+void forward_one_input(const ForwardRun& run, const std::string& module, const Module& part, const char* input,
+                       const char* output) {
+  const auto x = run.inputs.activation(input, run.model.config.d_model);
+  run.load(module);
+  run.add(output, part.forward(run.ctx, x));
+}
+
+void forward_denoiser(const ForwardRun& run) {
+  const Index d = run.model.config.d_model;
+  const auto x_t = run.inputs.activation("x_t", d);
+  const auto t = run.inputs.vector("t", x_t.dimension(0));
+  const auto self_cond = run.inputs.activation("self_cond", d);
+  run.load("denoiser");
+  run.add("x0", run.model.denoiser.forward(run.ctx, x_t, t, self_cond));
+}
+
+void forward_reconstruct(const ForwardRun& run) {
+  const TokenTensor tokens = run.inputs.tokens("tokens");
+  for (const char* part : {"feature_model", "encoder", "latent_decoder", "token_decoder"}) run.load(part);
+  const auto r = Pipeline<float>(run.model).reconstruct(run.ctx, tokens);
+  run.add("features", r.features);
+  run.add("latents", r.latents);
+  run.add("hidden", r.hidden);
+  run.add("logits", r.logits);
+}
+
+void forward_module(const ForwardRun& run, const std::string& module) {
+  const LDLM<float>& m = run.model;
+  if (module == "feature_model")
+    forward_feature_model(run);
+  else if (module == "encoder")
+    forward_one_input(run, module, m.encoder, "features", "latents");
+  else if (module == "latent_decoder")
+    forward_one_input(run, module, m.latent_decoder, "latents", "hidden");
+  else if (module == "token_decoder")
+    forward_one_input(run, module, m.token_decoder, "hidden", "logits");
+  else if (module == "denoiser")
+    forward_denoiser(run);
+  else
+    forward_reconstruct(run);
+}
+
+int run_forward(const Args& args) {
+  args.expect_positionals(1, 1);
+  const std::string module = forward_target(args);
   const std::string weights_path = args.required("weights");
   const std::string inputs_path = args.required("inputs");
   const std::string output_path = args.required("output");
@@ -303,43 +359,7 @@ int run_forward(const Args& args) {
   SafetensorsWriter out;
   out.set_metadata("module", module);
   out.set_metadata(std::string(kConfigMetadataKey), config.to_json().dump());
-  const Index d = config.d_model;
-  // The modules that map one [B, T, d] activation to one output.
-  const auto run_one_input = [&](auto& part, const char* input, const char* output) {
-    const auto x = inputs.activation(input, d);
-    load_module(model, *weights, module, precision);
-    const auto y = part.forward(ctx, x);
-    out.add(output, shape3(y), y.data());
-  };
-
-  if (module == "feature_model") {
-    const TokenTensor tokens = inputs.tokens("tokens");
-    load_module(model, *weights, "feature_model", precision);
-    const auto features = model.feature_model.forward(ctx, tokens);
-    out.add("features", shape3(features), features.data());
-  } else if (module == "encoder") {
-    run_one_input(model.encoder, "features", "latents");
-  } else if (module == "latent_decoder") {
-    run_one_input(model.latent_decoder, "latents", "hidden");
-  } else if (module == "token_decoder") {
-    run_one_input(model.token_decoder, "hidden", "logits");
-  } else if (module == "denoiser") {
-    const auto x_t = inputs.activation("x_t", d);
-    const auto t = inputs.vector("t", x_t.dimension(0));
-    const auto self_cond = inputs.activation("self_cond", d);
-    load_module(model, *weights, "denoiser", precision);
-    const auto x0 = model.denoiser.forward(ctx, x_t, t, self_cond);
-    out.add("x0", shape3(x0), x0.data());
-  } else {  // reconstruct
-    const TokenTensor tokens = inputs.tokens("tokens");
-    for (const char* part : {"feature_model", "encoder", "latent_decoder", "token_decoder"})
-      load_module(model, *weights, part, precision);
-    const auto r = Pipeline<float>(model).reconstruct(ctx, tokens);
-    out.add("features", shape3(r.features), r.features.data());
-    out.add("latents", shape3(r.latents), r.latents.data());
-    out.add("hidden", shape3(r.hidden), r.hidden.data());
-    out.add("logits", shape3(r.logits), r.logits.data());
-  }
+  forward_module({ctx, model, inputs, *weights, precision, out}, module);
   out.write(output_path);
   return 0;
 }
@@ -350,20 +370,12 @@ int run_forward(const Args& args) {
 
 const Command kCompare{
     "compare",
+    "compare two safetensors files tensor by tensor",
     "OUT.safetensors REF.safetensors",
     "Check every tensor of REF against OUT: same shape and |out - ref| <= atol + rtol*|ref|\n"
     "elementwise. Prints one line per tensor; exits 1 on any mismatch.",
     {{"atol", "A", "absolute tolerance (default 1e-5)"}, {"rtol", "R", "relative tolerance (default 1e-5)"}},
     ""};
-
-std::string index_string(std::int64_t flat, const Shape& shape) {
-  Shape index(shape.size());
-  for (std::int64_t k = static_cast<std::int64_t>(shape.size()) - 1; k >= 0; --k) {
-    index[k] = shape[k] ? flat % shape[k] : 0;
-    flat = shape[k] ? flat / shape[k] : 0;
-  }
-  return shape_string(index);
-}
 
 std::string number(double v) {
   char buf[32];
@@ -371,58 +383,53 @@ std::string number(double v) {
   return buf;
 }
 
+/// The line of a tensor that both files hold with the same shape.
+std::string comparison_line(const std::string& label, const Shape& shape, const Comparison& c, Tolerance tol) {
+  std::string line =
+      std::string(c.ok() ? "ok       " : "MISMATCH ") + " " + label + ": max |error| " + number(c.max_error);
+  if (c.worst >= 0)
+    line += ", worst at " + index_string(c.worst, shape) + " (out " + number(c.worst_got) + ", ref " +
+            number(c.worst_ref) + ", allowed " + number(tol.allowed(c.worst_ref)) + ")";
+  if (!c.ok())
+    line += "; " + std::to_string(c.failures) + " of " + std::to_string(c.count) + " elements outside tolerance";
+  return line;
+}
+
+/// Checks REF's tensor `r` against OUT's and prints its line; false when they differ.
+bool compare_tensor(const SafetensorsFile& out, const SafetensorsFile& ref, const TensorInfo& r, Tolerance tol) {
+  const std::string label = r.name + " " + shape_string(r.shape);
+  if (!out.contains(r.name)) {
+    std::printf("MISSING   %s: not in %s\n", label.c_str(), out.path().c_str());
+    return false;
+  }
+  const TensorInfo& o = out.info(r.name);
+  if (o.shape != r.shape) {
+    std::printf("SHAPE     %s: output has shape %s\n", label.c_str(), shape_string(o.shape).c_str());
+    return false;
+  }
+  const auto got = out.read<double>(r.name);
+  const auto want = ref.read<double>(r.name);
+  const Comparison c = compare_values(got.data(), want.data(), static_cast<std::int64_t>(want.size()), tol);
+  std::printf("%s\n", comparison_line(label, r.shape, c, tol).c_str());
+  return c.ok();
+}
+
 int run_compare(const Args& args) {
   args.expect_positionals(2, 2);
-  const double atol = args.get_double("atol", 1e-5, 0.0);
-  const double rtol = args.get_double("rtol", 1e-5, 0.0);
+  const Tolerance tol{args.get_double("atol", 1e-5, 0.0), args.get_double("rtol", 1e-5, 0.0)};
   const auto out = SafetensorsFile::open(args.positionals()[0]);
   const auto ref = SafetensorsFile::open(args.positionals()[1]);
   int bad = 0, count = 0;
   for (const TensorInfo& r : ref.tensors()) {
     ++count;
-    const std::string label = r.name + " " + shape_string(r.shape);
-    if (!out.contains(r.name)) {
-      std::printf("MISSING   %s: not in %s\n", label.c_str(), out.path().c_str());
-      ++bad;
-      continue;
-    }
-    const TensorInfo& o = out.info(r.name);
-    if (o.shape != r.shape) {
-      std::printf("SHAPE     %s: output has shape %s\n", label.c_str(), shape_string(o.shape).c_str());
-      ++bad;
-      continue;
-    }
-    const auto got = out.read<double>(r.name);
-    const auto want = ref.read<double>(r.name);
-    double max_error = 0, worst_excess = -INFINITY;
-    std::int64_t worst = -1, failures = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      const double g = got[i], w = want[i];
-      const bool both_nan = std::isnan(g) && std::isnan(w);
-      const double error = (g == w || both_nan) ? 0.0 : std::abs(g - w);  // equal infinities agree
-      const double excess = std::isnan(error) ? INFINITY : error - (atol + rtol * std::abs(w));
-      if (std::isnan(error) || error > max_error) max_error = std::isnan(error) ? INFINITY : error;
-      if (excess > 0) ++failures;
-      if (excess > worst_excess) worst_excess = excess, worst = static_cast<std::int64_t>(i);
-    }
-    if (failures) ++bad;
-    std::string line =
-        std::string(failures ? "MISMATCH " : "ok       ") + " " + label + ": max |error| " + number(max_error);
-    if (worst >= 0) {
-      const double g = got[worst], w = want[worst];
-      line += ", worst at " + index_string(worst, r.shape) + " (out " + number(g) + ", ref " + number(w) +
-              ", allowed " + number(atol + rtol * std::abs(w)) + ")";
-    }
-    if (failures)
-      line += "; " + std::to_string(failures) + " of " + std::to_string(want.size()) + " elements outside tolerance";
-    std::printf("%s\n", line.c_str());
+    if (!compare_tensor(out, ref, r, tol)) ++bad;
   }
+  const std::string tolerance = "atol " + number(tol.atol) + ", rtol " + number(tol.rtol);
   if (bad) {
-    std::printf("compare: %d of %d tensor(s) differ (atol %s, rtol %s)\n", bad, count, number(atol).c_str(),
-                number(rtol).c_str());
+    std::printf("compare: %d of %d tensor(s) differ (%s)\n", bad, count, tolerance.c_str());
     return 1;
   }
-  std::printf("compare: all %d tensor(s) within atol %s, rtol %s\n", count, number(atol).c_str(), number(rtol).c_str());
+  std::printf("compare: all %d tensor(s) within %s\n", count, tolerance.c_str());
   return 0;
 }
 
@@ -488,11 +495,20 @@ void print_text(std::ostream& out, const Tokenizer& tokenizer, const TokenTensor
   }
 }
 
+/// The samples as text with a tokenizer, else as token ids.
+void print_samples(std::ostream& out, const std::optional<Tokenizer>& tokenizer, const TokenTensor& tokens) {
+  if (tokenizer)
+    print_text(out, *tokenizer, tokens);
+  else
+    print_tokens(out, tokens);
+}
+
 // ---------------------------------------------------------------------------
 // ldlm generate
 // ---------------------------------------------------------------------------
 
 const Command kGenerate{"generate",
+                        "sample token sequences with the diffusion model",
                         "",
                         "Sample latents with the denoiser (N Euler steps from pure noise; docs/model.md#sampler),\n"
                         "decode them and print the text: one sample, or each of --batch samples after a\n"
@@ -539,12 +555,8 @@ class ProgressBar {
   std::chrono::steady_clock::time_point start_;
 };
 
-int run_generate(const Args& args) {
-  args.expect_positionals(0, 0);
-  const auto weights = open_model(args);
-  const Config config = load_config(args, weights);
-  const Index T = args.get_int("length", 32, 1);
-  const Index B = args.get_int("batch", 1, 1, 1 << 16);
+/// --steps, --seed and --sampler.
+SamplerOptions sampler_options(const Args& args) {
   SamplerOptions options;
   options.steps = static_cast<int>(args.get_int("steps", 16, 1, 1 << 20));
   options.seed = args.get_uint("seed", 0);
@@ -555,6 +567,28 @@ int run_generate(const Args& args) {
     options.kind = SamplerKind::ode;
   else
     args.fail("option '--sampler' must be 'sde' or 'ode', got '" + sampler + "'");
+  return options;
+}
+
+/// Writes the samples to --output, else stdout: as text when a tokenizer fits, else as ids.
+void write_samples(const Args& args, const Config& config, const TokenTensor& tokens) {
+  std::ofstream file;
+  if (auto path = args.value("output")) {
+    file.open(*path);
+    if (!file) throw IoError("generate: cannot open '" + *path + "' for writing");
+  }
+  std::ostream& out = args.has("output") ? file : std::cout;
+  print_samples(out, text_tokenizer(args, config), tokens);
+  if (!out.flush()) throw IoError("generate: writing the samples failed");
+}
+
+int run_generate(const Args& args) {
+  args.expect_positionals(0, 0);
+  const auto weights = open_model(args);
+  const Config config = load_config(args, weights);
+  const Index T = args.get_int("length", 32, 1);
+  const Index B = args.get_int("batch", 1, 1, 1 << 16);
+  SamplerOptions options = sampler_options(args);
   check_sampling_arguments("generate", config, B, T, options.steps);
   const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
@@ -565,19 +599,7 @@ int run_generate(const Args& args) {
   // too (154 MB at ldlm-base width), and the peak is lowest while little else is resident.
   fill_modules(model, args, weights, {"token_decoder", "latent_decoder"}, {"denoiser"}, parallel, precision);
   if (isatty(STDERR_FILENO)) options.progress = ProgressBar();
-
-  const TokenTensor tokens = Pipeline<float>(model).generate(ctx, B, T, options);
-  std::ofstream file;
-  if (auto path = args.value("output")) {
-    file.open(*path);
-    if (!file) throw IoError("generate: cannot open '" + *path + "' for writing");
-  }
-  std::ostream& out = args.has("output") ? file : std::cout;
-  if (const auto tokenizer = text_tokenizer(args, config))
-    print_text(out, *tokenizer, tokens);
-  else
-    print_tokens(out, tokens);
-  if (!out.flush()) throw IoError("generate: writing the samples failed");
+  write_samples(args, config, Pipeline<float>(model).generate(ctx, B, T, options));
   return 0;
 }
 
@@ -586,6 +608,7 @@ int run_generate(const Args& args) {
 // ---------------------------------------------------------------------------
 
 const Command kReconstruct{"reconstruct",
+                           "encode and decode token ids",
                            "",
                            "Encode token ids (GPT-2 features, latent encoder) and decode them again (latent\n"
                            "decoder, token decoder, argmax); print the reconstructed ids, one line per sequence.",
@@ -660,11 +683,7 @@ int run_reconstruct(const Args& args) {
   // Large tables first (lm_head, wte), as in generate.
   fill_modules(model, args, weights, {"token_decoder", "latent_decoder"}, {"feature_model", "encoder"}, parallel,
                precision);
-  const TokenTensor reconstructed = Pipeline<float>(model).reconstruct(ctx, tokens).tokens;
-  if (tokenizer)
-    print_text(std::cout, *tokenizer, reconstructed);
-  else
-    print_tokens(std::cout, reconstructed);
+  print_samples(std::cout, tokenizer, Pipeline<float>(model).reconstruct(ctx, tokens).tokens);
   return 0;
 }
 
@@ -673,6 +692,7 @@ int run_reconstruct(const Args& args) {
 // ---------------------------------------------------------------------------
 
 const Command kTokenize{"tokenize",
+                        "UTF-8 text to GPT-2 token ids",
                         "",
                         "Print the token ids of UTF-8 text (stdin, or --text) on one line.",
                         {{"text", "S", "the text to encode instead of stdin"}, kTokenizerOption, kVocabSizeOption},
@@ -694,6 +714,7 @@ int run_tokenize(const Args& args) {
 }
 
 const Command kDetokenize{"detokenize",
+                          "token ids to text",
                           "",
                           "Write the bytes of token ids (stdin, or --ids) to stdout, exactly: no newline is\n"
                           "added, and ids that end inside a UTF-8 character give that character's first bytes.",
@@ -737,6 +758,7 @@ int run_detokenize(const Args& args) {
 // ---------------------------------------------------------------------------
 
 const Command kInfo{"info",
+                    "CPU features and the kernels chosen for fp32 and bf16",
                     "",
                     "Print the CPU's features and the kernel that runs each kind of product, in fp32\n"
                     "and bf16. The choice follows CPUID, never the CPU model; LDLM_GEMM_BACKEND=eigen and\n"
@@ -784,20 +806,13 @@ const std::vector<Subcommand>& subcommands() {
 }
 
 std::string main_usage() {
+  std::size_t width = 0;
+  for (const auto& sub : subcommands()) width = std::max(width, sub.command->name.size());
   std::string s =
       "usage: ldlm COMMAND [options]\n\n"
       "LDLM, the latent diffusion language model, in header-only C++.\n\ncommands:\n";
-  const char* lines[] = {
-      "  params       parameter counts per module and the totals",
-      "  forward      run one module on named safetensors inputs",
-      "  compare      compare two safetensors files tensor by tensor",
-      "  generate     sample token sequences with the diffusion model",
-      "  reconstruct  encode and decode token ids",
-      "  tokenize     UTF-8 text to GPT-2 token ids",
-      "  detokenize   token ids to text",
-      "  info         CPU features and the kernels chosen for fp32 and bf16",
-  };
-  for (const char* line : lines) s += std::string(line) + "\n";
+  for (const auto& sub : subcommands())
+    s += "  " + sub.command->name + std::string(width - sub.command->name.size() + 2, ' ') + sub.command->brief + "\n";
   s += "\n'ldlm COMMAND --help' describes a command. Errors exit with 2 (usage) or 1 (runtime).\n";
   return s;
 }

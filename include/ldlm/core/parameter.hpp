@@ -116,6 +116,7 @@ struct ParameterCounts {
   std::int64_t trained = 0;
   std::int64_t frozen = 0;
   std::int64_t total() const { return trained + frozen; }
+  bool operator==(const ParameterCounts&) const = default;
 };
 
 template <class M>

@@ -1,6 +1,9 @@
 // The LDLM aggregate and its parameter accounting (docs/model.md §Parameter accounting).
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,6 +85,8 @@ void LDLM<S>::visit(const std::string& prefix, F&& f) {
 struct ModuleParameters {
   std::string module;  // state-dict prefix without the dot
   ParameterCounts counts;
+
+  bool operator==(const ModuleParameters&) const = default;
 };
 
 /// Per-module counts of an instantiated (not necessarily allocated) model.
@@ -90,6 +95,31 @@ std::vector<ModuleParameters> parameter_table(const LDLM<S>& m) {
   std::vector<ModuleParameters> table;
   for_each_module(m, [&](const char* name, const auto& module) { table.push_back({name, count_parameters(module)}); });
   return table;
+}
+
+/// The parameter table as text: a row per module (trained, frozen), the totals and
+/// the denoiser's final LayerNorm, the figures docs/model.md §Parameter accounting
+/// documents. `ldlm params` and examples/params.cpp print it.
+template <class S>
+std::string parameter_table_text(const LDLM<S>& m) {
+  char line[96];
+  std::string text;
+  const auto add = [&](const char* label, std::int64_t trained, std::optional<std::int64_t> frozen = {}) {
+    if (frozen)
+      std::snprintf(line, sizeof line, "%-26s %14lld %14lld\n", label, static_cast<long long>(trained),
+                    static_cast<long long>(*frozen));
+    else
+      std::snprintf(line, sizeof line, "%-26s %14lld\n", label, static_cast<long long>(trained));
+    text += line;
+  };
+  std::snprintf(line, sizeof line, "%-26s %14s %14s\n", "module", "trained", "frozen");
+  text += line;
+  for (const auto& row : parameter_table(m)) add(row.module.c_str(), row.counts.trained, row.counts.frozen);
+  const ParameterCounts total = count_parameters(m);
+  add("trained total", total.trained);
+  add("frozen total", total.frozen);
+  add("denoiser final LayerNorm", count_parameters(m.denoiser.output_layer.norm_final).total());
+  return text;
 }
 
 /// Counts of the model a config describes, from its shapes alone: nothing is
