@@ -142,6 +142,10 @@ def run_ldlm(binary: str, pattern: str, repetitions: int, min_time: float | None
     cmd = [binary, f"--benchmark_out={path}", "--benchmark_out_format=json", f"--benchmark_filter={pattern}"]
     if repetitions > 1:  # the file keeps every repetition: the peak takes the fastest
         cmd += [f"--benchmark_repetitions={repetitions}", "--benchmark_display_aggregates_only=true"]
+        # Repetitions of the cases and of the peak in one random order: on a shared
+        # host a slow minute then weighs on a case and on the peak alike, instead of
+        # on whichever happened to run in it.
+        cmd.append("--benchmark_enable_random_interleaving=true")
     if min_time is not None:
         cmd.append(f"--benchmark_min_time={min_time}")
     log("+ " + " ".join(cmd))

@@ -539,6 +539,88 @@ TEST(AttentionShapes, CausalKernelNeedsAsManyQueriesAsKeys) {
   EXPECT_THAT(message, HasSubstr("Tq = 20, Tk = 30"));
 }
 
+// ------------------------------------------------------------------ softmax rows
+
+// exp(capped(s) − max) against the same function in double. The result's relative
+// error is the absolute error of the capped, shifted score, a few ulp of the
+// row's largest |score| (up to 50 with softcap 50: about 3e-6), hence rtol 2e-5.
+constexpr Tolerance kSoftmaxRowTol{1e-30, 2e-5};
+
+std::vector<double> exp_shifted_capped_in_double(const std::vector<float>& scores, double cap) {
+  std::vector<double> e(scores.size());
+  double max = -std::numeric_limits<double>::infinity();
+  for (std::size_t j = 0; j < scores.size(); ++j) {
+    e[j] = cap > 0 ? cap * std::tanh(scores[j] / cap) : scores[j];
+    max = std::max(max, e[j]);
+  }
+  for (double& v : e) v = std::exp(v - max);
+  return e;
+}
+
+std::vector<float> random_scores(std::size_t n, float spread, std::uint64_t seed) {
+  const Matrix<double> m = random_matrix(1, static_cast<Index>(n), seed, spread);
+  return std::vector<float>(m.data(), m.data() + n);
+}
+
+/// Worst |got − ref| / (atol + rtol·|ref|) over the row, and the sum's.
+template <class Kernel>
+double worst_softmax_row_ratio(Kernel kernel, const std::vector<float>& scores, float cap) {
+  std::vector<float> row = scores;
+  const float sum = kernel(row.data(), static_cast<Index>(row.size()), cap);
+  const std::vector<double> ref = exp_shifted_capped_in_double(scores, cap);
+  double ref_sum = 0, worst = 0;
+  for (std::size_t j = 0; j < row.size(); ++j) {
+    ref_sum += ref[j];
+    worst = std::max(worst, std::abs(row[j] - ref[j]) / (kSoftmaxRowTol.atol + kSoftmaxRowTol.rtol * std::abs(ref[j])));
+  }
+  return std::max(worst, std::abs(sum - ref_sum) / (kSoftmaxRowTol.rtol * ref_sum));
+}
+
+TEST(SoftmaxRow, EveryKernelMatchesTheDefinitionInDouble) {
+  std::vector<std::pair<const char*, float (*)(float*, Index, float)>> kernels = {
+      {"generic", detail::exp_shifted_capped_generic<float>}};
+#if defined(LDLM_HAVE_AVX512_SOFTMAX)
+  if (cpu_features().avx512f) kernels.push_back({"avx512", detail::exp_shifted_capped_avx512});
+#endif
+  std::uint64_t seed = 1;
+  for (const auto& [name, kernel] : kernels)
+    for (std::size_t n : {1, 2, 15, 16, 17, 31, 33, 100, 1023, 1024, 1025})
+      // Spreads below and far above the cap: tanh's series and its exponential form.
+      for (float spread : {0.5f, 8.0f, 300.0f})
+        for (float cap : {0.0f, 50.0f, 1.0f}) {
+          const double ratio = worst_softmax_row_ratio(kernel, random_scores(n, spread, ++seed), cap);
+          EXPECT_LE(ratio, 1.0) << name << ": n = " << n << ", spread " << spread << ", cap " << cap;
+        }
+}
+
+TEST(SoftmaxRow, ResultDoesNotDependOnTheRowsAddress) {
+  const std::vector<float> scores = random_scores(1000, 20.0f, 7);
+  std::vector<float> first;
+  for (std::size_t offset = 0; offset < 16; ++offset) {
+    std::vector<float> buffer(offset + scores.size());
+    std::copy(scores.begin(), scores.end(), buffer.begin() + static_cast<std::ptrdiff_t>(offset));
+    exp_shifted_capped(buffer.data() + offset, static_cast<Index>(scores.size()), 50.0f);
+    const std::vector<float> row(buffer.begin() + static_cast<std::ptrdiff_t>(offset), buffer.end());
+    if (offset == 0)
+      first = row;
+    else
+      EXPECT_TRUE(row == first) << "offset " << offset << " floats";
+  }
+}
+
+TEST(SoftmaxRow, NanScoreMakesTheSumNanAsTheDefinitionDoes) {
+  for (float cap : {0.0f, 50.0f}) {
+    std::vector<float> row = random_scores(40, 4.0f, 3);
+    row[21] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(std::isnan(exp_shifted_capped(row.data(), 40, cap))) << "cap " << cap;
+    EXPECT_TRUE(std::isnan(row[21]));
+  }
+  // An infinite score is capped to ±cap.
+  std::vector<float> row = {std::numeric_limits<float>::infinity(), 0.0f, -std::numeric_limits<float>::infinity()};
+  EXPECT_NEAR(exp_shifted_capped(row.data(), 3, 50.0f), 1.0 + std::exp(-50.0) + std::exp(-100.0), 1e-6);
+  EXPECT_EQ(row[0], 1.0f);
+}
+
 // ------------------------------------------------------------------ thread counts
 
 bool bitwise_equal(const Tensor3<float>& a, const Tensor3<float>& b) {

@@ -16,6 +16,7 @@
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/precision.hpp"
 #include "ldlm/ops/gemm.hpp"
+#include "ldlm/ops/softmax.hpp"
 
 namespace ldlm {
 
@@ -77,9 +78,10 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   const S cap = static_cast<S>(options.softcap);
 
-  // Every worker's scores start 64-byte aligned: Eigen computes a row's unaligned
-  // head with scalar exp/tanh, which round differently from the vector ones, so
-  // the alignment must not depend on which worker runs a tile.
+  // Every worker's scores start 64-byte aligned: the generic exponentials
+  // (ops/softmax.hpp) compute a row's unaligned head with scalar exp/tanh, which
+  // round differently from the vector ones, so the alignment must not depend on
+  // which worker runs a tile.
   constexpr Index kAlignFloats = 64 / static_cast<Index>(sizeof(S));
   const Index worker_stride = (tile_rows * Tk + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   constexpr bool convert_probabilities = !std::is_same_v<E, S>;  // bf16 operands: P gets its own copy
@@ -102,13 +104,10 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
     std::array<S, kAttentionQueryTile> row_sum;
 
     attention_product<E, S>(Q, q.row_stride, K, k.row_stride, true, rows, keys, hd, scale, P.data(), keys);  // (Q/√hd) Kᵀ
-    // Each score row is capped, shifted and exponentiated while it sits in L1.
     for (Index r = 0; r < rows; ++r) {
       const Index visible = options.causal ? i0 + r + 1 : keys;
       Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>> row(P.row(r).data(), visible);
-      if (cap > S(0)) row = (row / cap).tanh() * cap;
-      row = (row - row.maxCoeff()).exp();
-      row_sum[r] = row.sum();
+      row_sum[r] = exp_shifted_capped(row.data(), visible, cap);
       P.row(r).tail(keys - visible).setZero();  // masked keys: exp(-inf) = 0
       if (bf16_probabilities) {
         row *= S(1) / row_sum[r];
