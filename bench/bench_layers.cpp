@@ -147,8 +147,9 @@ void BM_gemm(benchmark::State& state) {
 // no products): 6 · B·T · d (mean, centre, square-accumulate ×2, normalise, gain).
 void BM_layer_norm_gain(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& norm = cached_module<ldlm::nn::LayerNormGain<S>>(
-      state, "layer_norm_gain", precision_arg(state), [] { return ldlm::nn::LayerNormGain<S>(kBase.d_model, kBase.layer_norm_eps); });
+  const auto& norm = cached_module<ldlm::nn::LayerNormGain<S>>(state, "layer_norm_gain", precision_arg(state), [] {
+    return ldlm::nn::LayerNormGain<S>(kBase.d_model, kBase.layer_norm_eps);
+  });
   const Mat x = random_matrix(kB * kT, kBase.d_model, 1);
   Mat y(kB * kT, kBase.d_model);
   run_case(state, 6 * kB * kT * kD, [&] { norm.forward(ctx, x, y); });
@@ -158,16 +159,15 @@ void BM_layer_norm_gain(benchmark::State& state) {
 // FLOPs: 2·T·d·3d + 2·T·d·d + 4·T²·d = 8·T·d² + 4·T²·d.
 void BM_attn_denoiser(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& attn = cached_module<ldlm::nn::FusedSelfAttention<S>>(
-      state, "attn_denoiser", precision_arg(state), [] {
+  const auto& attn = cached_module<ldlm::nn::FusedSelfAttention<S>>(state, "attn_denoiser", precision_arg(state), [] {
     return ldlm::nn::FusedSelfAttention<S>(ldlm::denoiser_attention_config(kBase));
   });
   ldlm::Arena rotary_arena;
   const auto rotary = ldlm::make_rotary_table<S>(rotary_arena, kT, kBase.head_dim, kBase.rope_base);
   const Mat x = random_matrix(kB * kT, kBase.d_model, 1);
   Mat y(kB * kT, kBase.d_model);
-  const double flops = linear_flops(kB * kT, kD, 3 * kD) + linear_flops(kB * kT, kD, kD) +
-                       kB * attention_flops(kT, kT, kD);
+  const double flops =
+      linear_flops(kB * kT, kD, 3 * kD) + linear_flops(kB * kT, kD, kD) + kB * attention_flops(kT, kT, kD);
   run_case(state, flops, [&] { attn.forward(ctx, x, kB, kT, &rotary, y); });
 }
 
@@ -175,8 +175,7 @@ void BM_attn_denoiser(benchmark::State& state) {
 // FLOPs: 4 · 2·T·d·d + 4·T²·d = 8·T·d² + 4·T²·d.
 void BM_attn_token_decoder(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& attn = cached_module<ldlm::nn::SelfAttention<S>>(
-      state, "attn_token_decoder", precision_arg(state), [] {
+  const auto& attn = cached_module<ldlm::nn::SelfAttention<S>>(state, "attn_token_decoder", precision_arg(state), [] {
     return ldlm::nn::SelfAttention<S>(ldlm::token_decoder_attention_config(kBase));
   });
   ldlm::Arena rotary_arena;
@@ -192,8 +191,7 @@ void BM_attn_token_decoder(benchmark::State& state) {
 // FLOPs: 2·T·d·d + 2·T·d·2d + 2·T·d·2d + 2·T·d·d + 4·T·2T·d = 12·T·d² + 8·T²·d.
 void BM_attn_latent(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& attn = cached_module<ldlm::nn::LatentAttention<S>>(
-      state, "attn_latent", precision_arg(state), [] {
+  const auto& attn = cached_module<ldlm::nn::LatentAttention<S>>(state, "attn_latent", precision_arg(state), [] {
     return ldlm::nn::LatentAttention<S>(ldlm::latent_attention_config(kBase));
   });
   const Mat context = random_matrix(kB * kT, kBase.d_model, 1), queries = random_matrix(kB * kT, kBase.d_model, 2);
@@ -208,14 +206,13 @@ void BM_attn_latent(benchmark::State& state) {
 // FLOPs: 2·T·d·3d + 2·T·d·d + 2·T·(T+1)·d = 8·T·d² + 2·T·(T+1)·d.
 void BM_attn_gpt2(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& attn = cached_module<ldlm::nn::GPT2Attention<S>>(
-      state, "attn_gpt2", precision_arg(state), [] {
+  const auto& attn = cached_module<ldlm::nn::GPT2Attention<S>>(state, "attn_gpt2", precision_arg(state), [] {
     return ldlm::nn::GPT2Attention<S>(ldlm::gpt2_attention_config(kBase), ldlm::Role::frozen);
   });
   const Mat x = random_matrix(kB * kT, kBase.d_model, 1);
   Mat y(kB * kT, kBase.d_model);
-  const double flops = linear_flops(kB * kT, kD, 3 * kD) + linear_flops(kB * kT, kD, kD) +
-                       kB * causal_attention_flops(kT, kD);
+  const double flops =
+      linear_flops(kB * kT, kD, 3 * kD) + linear_flops(kB * kT, kD, kD) + kB * causal_attention_flops(kT, kD);
   run_case(state, flops, [&] { attn.forward(ctx, x, kB, kT, y); });
 }
 
@@ -225,7 +222,7 @@ void BM_attn_gpt2(benchmark::State& state) {
 // adaLN and the time MLP, which act once per sequence, are left out (issue 7).
 double ddit_block_flops(double T) {
   return linear_flops(kB * T, kD, 3 * kD) + linear_flops(kB * T, kD, kD) + kB * attention_flops(T, T, kD)  // attention
-         + linear_flops(kB * T, kD, kHidden) + linear_flops(kB * T, kHidden, kD);              // MLP
+         + linear_flops(kB * T, kD, kHidden) + linear_flops(kB * T, kHidden, kD);                          // MLP
 }
 
 // One DDiT block (adaLN, 2 norms + modulate, attention, GELU MLP, gated residuals).
@@ -234,8 +231,8 @@ double ddit_block_flops(double T) {
 // FLOPs: 8·T·d² + 4·T²·d + 2·T·d·4d·2 = 24·T·d² + 4·T²·d (adaLN not counted).
 void BM_ddit_block(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& block = cached_module<ldlm::Denoiser<S>::Block>(
-      state, "ddit_block", precision_arg(state), [] { return ldlm::Denoiser<S>::Block(kBase); });
+  const auto& block = cached_module<ldlm::Denoiser<S>::Block>(state, "ddit_block", precision_arg(state),
+                                                              [] { return ldlm::Denoiser<S>::Block(kBase); });
   ldlm::Arena rotary_arena;
   const auto rotary = ldlm::make_rotary_table<S>(rotary_arena, kT, kBase.head_dim, kBase.rope_base);
   const Mat input = random_matrix(kB * kT, kBase.d_model, 1), c = random_matrix(kB, kBase.d_model, 2);
@@ -283,8 +280,8 @@ double perceiver_layer_flops(double T) {
 // Latent encoder, 6 layers. FLOPs: 6 · (28·T·d² + 8·T²·d) = 168·T·d² + 48·T²·d.
 void BM_latent_encoder(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& encoder = cached_module<ldlm::LatentEncoder<S>>(
-      state, "latent_encoder", precision_arg(state), [] { return ldlm::LatentEncoder<S>(kBase); });
+  const auto& encoder = cached_module<ldlm::LatentEncoder<S>>(state, "latent_encoder", precision_arg(state),
+                                                              [] { return ldlm::LatentEncoder<S>(kBase); });
   const Mat features = random_matrix(kB * kT, kBase.d_model, 1);
   Mat latents(kB * kT, kBase.d_model);
   const double flops = static_cast<double>(kBase.encoder_layers) * perceiver_layer_flops(kT);
@@ -295,8 +292,8 @@ void BM_latent_encoder(benchmark::State& state) {
 // FLOPs: 6 · (28·T·d² + 8·T²·d) + 2·d·4d·2 = 168·T·d² + 48·T²·d + 16·d².
 void BM_latent_decoder(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& decoder = cached_module<ldlm::LatentDecoder<S>>(
-      state, "latent_decoder", precision_arg(state), [] { return ldlm::LatentDecoder<S>(kBase); });
+  const auto& decoder = cached_module<ldlm::LatentDecoder<S>>(state, "latent_decoder", precision_arg(state),
+                                                              [] { return ldlm::LatentDecoder<S>(kBase); });
   const Mat latents = random_matrix(kB * kT, kBase.d_model, 1);
   Mat hidden(kB * kT, kBase.d_model);
   const double flops = static_cast<double>(kBase.latent_decoder_layers) * perceiver_layer_flops(kT) +
@@ -309,8 +306,8 @@ void BM_latent_decoder(benchmark::State& state) {
 // FLOPs: 3 · (32·T·d² + 4·T²·d) + 2·T·d·V = 96·T·d² + 12·T²·d + 2·T·d·V.
 void BM_token_decoder(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& decoder = cached_module<ldlm::TokenDecoder<S>>(
-      state, "token_decoder", precision_arg(state), [] { return ldlm::TokenDecoder<S>(kBase); });
+  const auto& decoder = cached_module<ldlm::TokenDecoder<S>>(state, "token_decoder", precision_arg(state),
+                                                             [] { return ldlm::TokenDecoder<S>(kBase); });
   const Mat hidden = random_matrix(kB * kT, kBase.d_model, 1);
   Mat logits(kB * kT, kBase.vocab_size);
   const double swiglu_hidden = static_cast<double>(kBase.token_decoder_mlp_hidden);
@@ -326,8 +323,8 @@ void BM_token_decoder(benchmark::State& state) {
 // FLOPs: 10 · (24·T·d² + 2·T·(T+1)·d) = 240·T·d² + 20·T·(T+1)·d.
 void BM_gpt2_features(benchmark::State& state) {
   ldlm::Context ctx(thread_arg(state));
-  const auto& gpt2 = cached_module<ldlm::GPT2Features<S>>(
-      state, "gpt2_features", precision_arg(state), [] { return ldlm::GPT2Features<S>(kBase); });
+  const auto& gpt2 = cached_module<ldlm::GPT2Features<S>>(state, "gpt2_features", precision_arg(state),
+                                                          [] { return ldlm::GPT2Features<S>(kBase); });
   std::vector<std::int64_t> tokens(static_cast<std::size_t>(kB * kT));
   std::srand(1);
   for (auto& id : tokens) id = std::rand() % kBase.vocab_size;

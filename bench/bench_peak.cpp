@@ -131,7 +131,8 @@ void run_peak(benchmark::State& state, const PeakKernel& kernel) {
   float sink = 0;
   auto body = [&] {
     std::vector<float> partial(static_cast<std::size_t>(threads));
-    ctx.pool().parallel_for(threads, [&](ldlm::Index task, int) { partial[static_cast<std::size_t>(task)] = kernel.run(kLoopCount); });
+    ctx.pool().parallel_for(
+        threads, [&](ldlm::Index task, int) { partial[static_cast<std::size_t>(task)] = kernel.run(kLoopCount); });
     for (float v : partial) sink += v;
   };
   body();  // wakes the workers and brings the clocks up
@@ -151,8 +152,8 @@ const bool kContextAdded = [] {
   const ldlm::CpuFeatures& cpu = ldlm::cpu_features();
   const ldlm::GemmPaths paths = ldlm::gemm_paths();
   benchmark::AddCustomContext("ldlm_cpu_brand", cpu.brand.empty() ? "unknown" : cpu.brand);
-  benchmark::AddCustomContext("ldlm_cpu_id", cpu.vendor + ", family " + std::to_string(cpu.family) + ", model " +
-                                                 std::to_string(cpu.model));
+  benchmark::AddCustomContext(
+      "ldlm_cpu_id", cpu.vendor + ", family " + std::to_string(cpu.family) + ", model " + std::to_string(cpu.model));
   benchmark::AddCustomContext("ldlm_cpu_features", cpu.summary());
   benchmark::AddCustomContext("ldlm_products", ldlm::gemm_library());
   benchmark::AddCustomContext("ldlm_fp32_linear", paths.fp32_linear);
@@ -167,5 +168,17 @@ const bool kContextAdded = [] {
 
 }  // namespace
 
-BENCHMARK(BM_peak_fma_fp32)->Name("peak_fma_fp32")->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_peak_dot_bf16)->Name("peak_dot_bf16")->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_peak_fma_fp32)
+    ->Name("peak_fma_fp32")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_peak_dot_bf16)
+    ->Name("peak_dot_bf16")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);

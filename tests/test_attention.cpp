@@ -324,8 +324,8 @@ Tensor3<float> composed_latent_full_width_norm(const LatentCase& c) {
   const Vector<float> key_gain = m.key_norm.gamma.vector().transpose().replicate(H, 1);
   rms_norm<float>(ctx, q, query_gain.data(), m.query_norm.eps, q);
   rms_norm<float>(ctx, kv.leftCols(d), key_gain.data(), m.key_norm.eps, kv.leftCols(d));
-  attention<float>(ctx, {q.data(), d}, {kv.data(), 2 * d}, {kv.data() + d, 2 * d}, a.data(), d,
-                   {c.B, c.Tq, L, H, hd}, {m.config.options.softcap, false});
+  attention<float>(ctx, {q.data(), d}, {kv.data(), 2 * d}, {kv.data() + d, 2 * d}, a.data(), d, {c.B, c.Tq, L, H, hd},
+                   {m.config.options.softcap, false});
   Tensor3<float> y(c.B, c.Tq, d);
   m.projector_latents.forward(ctx, a, as_matrix(y));
   return y;
@@ -383,10 +383,10 @@ std::string describe(const KernelCase& k) {
 // a causal case one query past a whole tile.
 constexpr Index kTile = kAttentionQueryTile, kLong = kTile + 44;
 const KernelCase kKernelCases[] = {
-    {2, kLong, kLong, 3, 16, 0.0, false},     {2, kLong, kLong, 3, 16, 0.0, true},
-    {2, kLong, kLong, 3, 16, 5.0, false},     {2, kLong, kLong, 3, 16, 5.0, true},
+    {2, kLong, kLong, 3, 16, 0.0, false},      {2, kLong, kLong, 3, 16, 0.0, true},
+    {2, kLong, kLong, 3, 16, 5.0, false},      {2, kLong, kLong, 3, 16, 5.0, true},
     {2, kLong, kLong + 30, 3, 16, 5.0, false}, {2, 37, kLong + 50, 2, 16, 5.0, false},
-    {1, kLong + 30, 20, 2, 8, 0.0, false},    {3, kTile + 1, kTile + 1, 2, 16, 5.0, true},
+    {1, kLong + 30, 20, 2, 8, 0.0, false},     {3, kTile + 1, kTile + 1, 2, 16, 5.0, true},
 };
 
 /// Runs ldlm::attention on q as columns [d, 2d) of a [B*Tq, 2d] buffer and k | v as one
@@ -421,8 +421,8 @@ template <class S>
 ::testing::AssertionResult kernel_matches_naive(const KernelCase& kc, Context& ctx, Tolerance tol) {
   const auto in = kernel_inputs(kc, 17);
   const Matrix<S> got = run_kernel<S>(ctx, in.q, in.k, in.v, kc);
-  const Matrix<double> ref = naive_attention(in.q, in.k, in.v, {kc.batch, kc.q_len, kc.kv_len, kc.heads, kc.head_dim},
-                                             kc.softcap, kc.causal);
+  const Matrix<double> ref =
+      naive_attention(in.q, in.k, in.v, {kc.batch, kc.q_len, kc.kv_len, kc.heads, kc.head_dim}, kc.softcap, kc.causal);
   return ldlm::test::all_close("attention (" + describe(kc) + ")", got.data(), ref.data(),
                                Shape{ref.rows(), ref.cols()}, tol);
 }
@@ -455,7 +455,6 @@ TEST(AttentionKernel, SoftcapBeforeScaleIsCaughtBeyondOneTile) {
 }
 
 // ------------------------------------------------------------------ shape errors
-
 
 /// A one-block denoiser at the attention cases' width with 48 positions.
 Config small_config() {

@@ -85,12 +85,12 @@ std::vector<std::string> dump_order(const SafetensorsFile& dump) {
                                            << " but the module reported no more values";
     const Observed& got = observed[k];
     if (k >= order.size() || got.module != module || got.name != order[k])
-      return ::testing::AssertionFailure() << module << ": the module reported '" << got.module << "' '" << got.name
-                                           << "' where the reference has '" << (k < order.size() ? order[k] : "nothing")
-                                           << "'" << place;
+      return ::testing::AssertionFailure()
+             << module << ": the module reported '" << got.module << "' '" << got.name << "' where the reference has '"
+             << (k < order.size() ? order[k] : "nothing") << "'" << place;
     if (auto close = matches_dump(got, dump, tol); !close)
-      return ::testing::AssertionFailure() << "first divergence: " << module << " block '" << got.name << "'" << place
-                                           << ": " << close.message();
+      return ::testing::AssertionFailure()
+             << "first divergence: " << module << " block '" << got.name << "'" << place << ": " << close.message();
     else
       margins += (margins.empty() ? "" : "; ") + std::string(close.message());
   }
@@ -148,17 +148,18 @@ TEST_P(ModelSmallBlocks, EveryBlockMatchesTheReferenceInOrder) {
   // The module's output comes last: a divergence after the last block (the output
   // norm or head) is named as the output.
   const auto out = open_reference("model_small/" + module + ".outputs" + suffix + ".safetensors");
-  for (const auto& [name, got] : outputs) EXPECT_TRUE(ldlm::test::matches_reference(got, out, name, tol)) << "module output";
+  for (const auto& [name, got] : outputs)
+    EXPECT_TRUE(ldlm::test::matches_reference(got, out, name, tol)) << "module output";
 }
 
-INSTANTIATE_TEST_SUITE_P(Blocks, ModelSmallBlocks,
-                         ::testing::Values(BlockCase{"feature_model", Precision::fp32}, BlockCase{"encoder", Precision::fp32},
-                                           BlockCase{"latent_decoder", Precision::fp32},
-                                           BlockCase{"token_decoder", Precision::fp32}, BlockCase{"denoiser", Precision::fp32},
-                                           BlockCase{"feature_model", Precision::bf16}, BlockCase{"encoder", Precision::bf16},
-                                           BlockCase{"latent_decoder", Precision::bf16},
-                                           BlockCase{"token_decoder", Precision::bf16}, BlockCase{"denoiser", Precision::bf16}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Blocks, ModelSmallBlocks,
+    ::testing::Values(BlockCase{"feature_model", Precision::fp32}, BlockCase{"encoder", Precision::fp32},
+                      BlockCase{"latent_decoder", Precision::fp32}, BlockCase{"token_decoder", Precision::fp32},
+                      BlockCase{"denoiser", Precision::fp32}, BlockCase{"feature_model", Precision::bf16},
+                      BlockCase{"encoder", Precision::bf16}, BlockCase{"latent_decoder", Precision::bf16},
+                      BlockCase{"token_decoder", Precision::bf16}, BlockCase{"denoiser", Precision::bf16}),
+    case_name);
 
 // The comparison itself: a value changed in one block is named as the first
 // divergence, with its worst element and the tolerance; a missing or misplaced value
@@ -185,8 +186,9 @@ TEST_F(BlockDivergence, NamesTheFirstDivergingBlockWithItsWorstElement) {
 TEST_F(BlockDivergence, NamesAMissingOrMisplacedValue) {
   auto missing = observed_;
   missing.pop_back();
-  EXPECT_THAT(first_divergence("denoiser", missing, dump_, kFp32).message(),
-              HasSubstr("the reference has 'output_layer.linear.input' (value 5 of 5) but the module reported no more values"));
+  EXPECT_THAT(
+      first_divergence("denoiser", missing, dump_, kFp32).message(),
+      HasSubstr("the reference has 'output_layer.linear.input' (value 5 of 5) but the module reported no more values"));
   auto swapped = observed_;
   std::swap(swapped[2], swapped[3]);
   EXPECT_THAT(first_divergence("denoiser", swapped, dump_, kFp32).message(),

@@ -24,8 +24,8 @@ using ldlm::test::data_path;
 using ldlm::test::error_of;
 using ldlm::test::expect_matches;
 using ldlm::test::open_reference;
-using ldlm::test::RawTensor;
 using ldlm::test::raw_tensors;
+using ldlm::test::RawTensor;
 using ldlm::test::read_tensor;
 using ldlm::test::TempDir;
 using ldlm::test::Tolerance;
@@ -79,7 +79,8 @@ template <class M>
 /// The feature model and the token decoder against their model_small dumps.
 void expect_small_parity(const LDLM<float>& m) {
   Context ctx;
-  const auto tokens = read_tensor<std::int64_t, 2>(open_reference("model_small/feature_model.inputs.safetensors"), "tokens");
+  const auto tokens =
+      read_tensor<std::int64_t, 2>(open_reference("model_small/feature_model.inputs.safetensors"), "tokens");
   expect_matches(m.feature_model.forward(ctx, tokens), open_reference("model_small/feature_model.outputs.safetensors"),
                  "features", kSmallModule);
   const auto hidden = read_tensor<float, 3>(open_reference("model_small/token_decoder.inputs.safetensors"), "hidden");
@@ -166,10 +167,11 @@ TEST(SelfDescribingCheckpoint, MalformedConfigIsAConfigErrorNamingFileAndKey) {
   int n = 0;
   for (const auto& c : cases) {
     SCOPED_TRACE(c.text);
-    const std::string path = small_weights_with(dir, std::to_string(n++) + "_config.safetensors", {{kConfigKey, c.text}});
+    const std::string path =
+        small_weights_with(dir, std::to_string(n++) + "_config.safetensors", {{kConfigKey, c.text}});
     const auto file = SafetensorsFile::open(path);
-    for (const std::string& msg : {error_of<ConfigError>([&] { read_config(file); }),
-                                   error_of<ConfigError>([&] { load_model(file); })})
+    for (const std::string& msg :
+         {error_of<ConfigError>([&] { read_config(file); }), error_of<ConfigError>([&] { load_model(file); })})
       EXPECT_THAT(msg, AllOf(HasSubstr(path), HasSubstr("'ldlm.config'"), HasSubstr("is not a valid configuration"),
                              HasSubstr(c.detail)));
   }
@@ -218,7 +220,8 @@ TEST(GeneratedFeatureModel, SavedWithoutItsTensorsAndRegeneratedOnLoad) {
   write_tensors(tensors, dir / "seed2.safetensors", {{kConfigKey, small_config().to_json().dump()}, {kSeedKey, "2"}});
   const LDLM<float> other = load_model(dir / "seed2.safetensors");
   Context ctx;
-  const auto tokens = read_tensor<std::int64_t, 2>(open_reference("model_small/feature_model.inputs.safetensors"), "tokens");
+  const auto tokens =
+      read_tensor<std::int64_t, 2>(open_reference("model_small/feature_model.inputs.safetensors"), "tokens");
   const auto ref = read_tensor<float, 3>(open_reference("model_small/feature_model.outputs.safetensors"), "features");
   EXPECT_GT(ldlm::test::max_abs_diff(other.feature_model.forward(ctx, tokens), ref), 1e-2);
 }
@@ -234,11 +237,12 @@ TEST(GeneratedFeatureModel, SaveChecksThatTheFeatureModelIsTheGenerators) {
 
 TEST(GeneratedFeatureModel, SeedWithStoredFeatureModelTensorsIsRejected) {
   TempDir dir;
-  const std::string path = small_weights_with(
-      dir, "both.safetensors", {{kConfigKey, small_config().to_json().dump()}, {kSeedKey, "1"}});
+  const std::string path =
+      small_weights_with(dir, "both.safetensors", {{kConfigKey, small_config().to_json().dump()}, {kSeedKey, "1"}});
   const auto file = SafetensorsFile::open(path);
   const std::string msg = error_of<CheckpointError>([&] { load_model(file); });
-  EXPECT_THAT(msg, AllOf(HasSubstr(path), HasSubstr("'ldlm.feature_model_init_seed'"), HasSubstr("feature_model tensor(s)")));
+  EXPECT_THAT(
+      msg, AllOf(HasSubstr(path), HasSubstr("'ldlm.feature_model_init_seed'"), HasSubstr("feature_model tensor(s)")));
   LDLM<float> m(small_config());
   EXPECT_EQ(error_of<CheckpointError>([&] { load_module(m, file, "feature_model"); }), msg);
 }
@@ -254,7 +258,8 @@ TEST(GeneratedFeatureModel, MalformedSeedNamesFileAndKey) {
                 AllOf(HasSubstr(path), HasSubstr("'ldlm.feature_model_init_seed' must be a decimal integer"),
                       HasSubstr("got '" + bad + "'")));
   }
-  const auto file = SafetensorsFile::open(small_weights_with(dir, "max.safetensors", {{kSeedKey, "18446744073709551615"}}));
+  const auto file =
+      SafetensorsFile::open(small_weights_with(dir, "max.safetensors", {{kSeedKey, "18446744073709551615"}}));
   EXPECT_EQ(read_feature_model_init_seed(file), std::optional<std::uint64_t>(18446744073709551615ull));
 }
 

@@ -13,8 +13,8 @@
 
 namespace {
 
-using ldlm::Comparison;
 using ldlm::compare_values;
+using ldlm::Comparison;
 using ldlm::Tolerance;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -44,8 +44,8 @@ TEST(Compare, NaNsAndInfinitiesAgreeOnlyWithThemselves) {
   EXPECT_EQ(compare({kNaN, kInf, -kInf}, {kNaN, kInf, -kInf}).max_error, 0.0);
   // A NaN against a number, and a number against an infinite reference, where the
   // bound atol + rtol·|ref| is infinite too.
-  for (const auto& [got, ref] : {std::pair{kNaN, 1.0}, std::pair{1.0, kNaN}, std::pair{1.0, kInf},
-                                 std::pair{kInf, -kInf}}) {
+  for (const auto& [got, ref] :
+       {std::pair{kNaN, 1.0}, std::pair{1.0, kNaN}, std::pair{1.0, kInf}, std::pair{kInf, -kInf}}) {
     const Comparison c = compare({0.0, got}, {0.0, ref});
     EXPECT_EQ(c.failures, 1) << got << " against " << ref;
     EXPECT_EQ(c.worst, 1) << got << " against " << ref;

@@ -82,14 +82,16 @@ TEST_P(DemoParity, ModuleMatchesTheTrainingForward) {
         << "demo model, " << module << ", " << precision_name(precision);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modules, DemoParity,
-                         ::testing::Values(DemoCase{"feature_model", Precision::fp32}, DemoCase{"encoder", Precision::fp32},
-                                           DemoCase{"latent_decoder", Precision::fp32},
-                                           DemoCase{"token_decoder", Precision::fp32}, DemoCase{"denoiser", Precision::fp32},
-                                           DemoCase{"feature_model", Precision::bf16}, DemoCase{"encoder", Precision::bf16},
-                                           DemoCase{"latent_decoder", Precision::bf16},
-                                           DemoCase{"token_decoder", Precision::bf16}, DemoCase{"denoiser", Precision::bf16}),
-                         [](const auto& info) { return std::string(info.param.module) + "_" + std::string(precision_name(info.param.precision)); });
+INSTANTIATE_TEST_SUITE_P(
+    Modules, DemoParity,
+    ::testing::Values(DemoCase{"feature_model", Precision::fp32}, DemoCase{"encoder", Precision::fp32},
+                      DemoCase{"latent_decoder", Precision::fp32}, DemoCase{"token_decoder", Precision::fp32},
+                      DemoCase{"denoiser", Precision::fp32}, DemoCase{"feature_model", Precision::bf16},
+                      DemoCase{"encoder", Precision::bf16}, DemoCase{"latent_decoder", Precision::bf16},
+                      DemoCase{"token_decoder", Precision::bf16}, DemoCase{"denoiser", Precision::bf16}),
+    [](const auto& info) {
+      return std::string(info.param.module) + "_" + std::string(precision_name(info.param.precision));
+    });
 
 class DemoChain : public ::testing::TestWithParam<Precision> {};
 
@@ -169,7 +171,8 @@ TEST_P(DemoAccuracy, ModernEnglishSentences) {
   const auto texts = lines_of(LDLM_DEMO_MODERN_ENGLISH);
   ASSERT_GE(texts.size(), 16u);
   const Accuracy acc = reconstruction_accuracy(demo_model(GetParam()), texts);
-  EXPECT_GE(acc.share(), kModernEnglishAccuracy) << acc.correct << " of " << acc.total << " tokens; worst: " << acc.worst;
+  EXPECT_GE(acc.share(), kModernEnglishAccuracy)
+      << acc.correct << " of " << acc.total << " tokens; worst: " << acc.worst;
   std::cout << "modern English sentences, " << precision_name(GetParam()) << ": " << acc.correct << " of " << acc.total
             << " tokens (" << 100 * acc.share() << " %)\n";
 }

@@ -39,8 +39,8 @@ namespace {
 using ldlm::test::bytes_of;
 using ldlm::test::error_of;
 using ldlm::test::find_tensor;
-using ldlm::test::RawTensor;
 using ldlm::test::raw_tensors;
+using ldlm::test::RawTensor;
 using ldlm::test::TempDir;
 using ldlm::test::values_of;
 using ldlm::test::write_tensors;
@@ -65,11 +65,11 @@ constexpr Tolerance kBaseChain{5e-5, 5e-5};
 // Helpers
 // ---------------------------------------------------------------------------
 
-
 /// Compares with the reference and records the observed error as a test property
 /// (visible with --gtest_output=xml), which is how the tolerances above were chosen.
 template <class S, int Rank>
-void expect_matches_logging_scaled_error(const Tensor<S, Rank>& got, const SafetensorsFile& ref, const std::string& name, Tolerance tol) {
+void expect_matches_logging_scaled_error(const Tensor<S, Rank>& got, const SafetensorsFile& ref,
+                                         const std::string& name, Tolerance tol) {
   const auto want = read_tensor<float, Rank>(ref, name);
   double max_abs = 0, max_scaled = 0;
   for (Index i = 0; i < want.size() && i < got.size(); ++i) {
@@ -136,9 +136,8 @@ TEST(ModelParameters, DocumentedTotalsOfLdlmBase) {
   EXPECT_EQ(count_parameters(model.denoiser.output_layer.norm_final).frozen, 0);
 
   const std::map<std::string, std::pair<std::int64_t, std::int64_t>> documented = {
-      {"feature_model", {0, 124'441'344}},        {"encoder", {51'161'856, 0}},
-      {"latent_decoder", {55'097'882, 768}},      {"token_decoder", {66'915'840, 0}},
-      {"denoiser", {132'835'584, 0}},
+      {"feature_model", {0, 124'441'344}}, {"encoder", {51'161'856, 0}},   {"latent_decoder", {55'097'882, 768}},
+      {"token_decoder", {66'915'840, 0}},  {"denoiser", {132'835'584, 0}},
   };
   const auto table = parameter_table(model);
   ASSERT_EQ(table.size(), documented.size());
@@ -228,9 +227,7 @@ TEST(ModelConfig, LoadsTheModelSmallConfig) {
 }
 
 TEST(ModelConfig, ErrorsNameTheKey) {
-  auto config_error = [](const std::string& text) {
-    return error_of<ConfigError>([&] { Config::parse(text); });
-  };
+  auto config_error = [](const std::string& text) { return error_of<ConfigError>([&] { Config::parse(text); }); };
   EXPECT_THAT(config_error(R"({"d_modle": 768})"), AllOf(HasSubstr("unknown key"), HasSubstr("'d_modle'")));
   EXPECT_THAT(config_error(R"({"d_model": "768"})"), AllOf(HasSubstr("'d_model'"), HasSubstr("integer")));
   EXPECT_THAT(config_error(R"({"n_heads": 12.5})"), AllOf(HasSubstr("'n_heads'"), HasSubstr("integer")));
@@ -264,40 +261,42 @@ TEST(ModelSmall, FeatureModel) {
   const auto tokens = read_tensor<std::int64_t, 2>(in, "tokens");
   ASSERT_EQ(tokens.dimension(1), 37);
   Context ctx;
-  expect_matches_logging_scaled_error(small_model<float>().feature_model.forward(ctx, tokens), out, "features", kSmallModule);
+  expect_matches_logging_scaled_error(small_model<float>().feature_model.forward(ctx, tokens), out, "features",
+                                      kSmallModule);
 }
 
 TEST(ModelSmall, Encoder) {
   const auto in = open_reference("model_small/encoder.inputs.safetensors");
   const auto out = open_reference("model_small/encoder.outputs.safetensors");
   Context ctx;
-  expect_matches_logging_scaled_error(small_model<float>().encoder.forward(ctx, read_tensor<float, 3>(in, "features")), out, "latents",
-                 kSmallModule);
+  expect_matches_logging_scaled_error(small_model<float>().encoder.forward(ctx, read_tensor<float, 3>(in, "features")),
+                                      out, "latents", kSmallModule);
 }
 
 TEST(ModelSmall, LatentDecoder) {
   const auto in = open_reference("model_small/latent_decoder.inputs.safetensors");
   const auto out = open_reference("model_small/latent_decoder.outputs.safetensors");
   Context ctx;
-  expect_matches_logging_scaled_error(small_model<float>().latent_decoder.forward(ctx, read_tensor<float, 3>(in, "latents")), out,
-                 "hidden", kSmallModule);
+  expect_matches_logging_scaled_error(
+      small_model<float>().latent_decoder.forward(ctx, read_tensor<float, 3>(in, "latents")), out, "hidden",
+      kSmallModule);
 }
 
 TEST(ModelSmall, TokenDecoder) {
   const auto in = open_reference("model_small/token_decoder.inputs.safetensors");
   const auto out = open_reference("model_small/token_decoder.outputs.safetensors");
   Context ctx;
-  expect_matches_logging_scaled_error(small_model<float>().token_decoder.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits",
-                 kSmallModule);
+  expect_matches_logging_scaled_error(
+      small_model<float>().token_decoder.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits",
+      kSmallModule);
 }
 
 TEST(ModelSmall, Denoiser) {
   const auto in = open_reference("model_small/denoiser.inputs.safetensors");
   const auto out = open_reference("model_small/denoiser.outputs.safetensors");
   Context ctx;
-  const auto x0 = small_model<float>().denoiser.forward(ctx, read_tensor<float, 3>(in, "x_t"),
-                                                        read_tensor<float, 1>(in, "t"),
-                                                        read_tensor<float, 3>(in, "self_cond"));
+  const auto x0 = small_model<float>().denoiser.forward(
+      ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"), read_tensor<float, 3>(in, "self_cond"));
   expect_matches_logging_scaled_error(x0, out, "x0", kSmallModule);
 }
 
@@ -320,9 +319,8 @@ TEST(ModelSmallDouble, Denoiser) {
   const auto in = open_reference("model_small/denoiser.inputs.safetensors");
   const auto out = open_reference("model_small/denoiser.outputs.safetensors");
   Context ctx;
-  const auto x0 = small_model<double>().denoiser.forward(ctx, read_tensor<double, 3>(in, "x_t"),
-                                                         read_tensor<double, 1>(in, "t"),
-                                                         read_tensor<double, 3>(in, "self_cond"));
+  const auto x0 = small_model<double>().denoiser.forward(
+      ctx, read_tensor<double, 3>(in, "x_t"), read_tensor<double, 1>(in, "t"), read_tensor<double, 3>(in, "self_cond"));
   expect_matches_logging_scaled_error(x0, out, "x0", kDoubleModule);
 }
 
@@ -330,8 +328,9 @@ TEST(ModelSmallDouble, TokenDecoder) {
   const auto in = open_reference("model_small/token_decoder.inputs.safetensors");
   const auto out = open_reference("model_small/token_decoder.outputs.safetensors");
   Context ctx;
-  expect_matches_logging_scaled_error(small_model<double>().token_decoder.forward(ctx, read_tensor<double, 3>(in, "hidden")), out,
-                 "logits", kDoubleModule);
+  expect_matches_logging_scaled_error(
+      small_model<double>().token_decoder.forward(ctx, read_tensor<double, 3>(in, "hidden")), out, "logits",
+      kDoubleModule);
 }
 
 // ---------------------------------------------------------------------------
@@ -368,7 +367,8 @@ TEST_F(ModelBase, FeatureModel) {
   const auto out = open_reference("model_base/feature_model.outputs.safetensors");
   Context ctx(2);
   const auto& fm = ready(model_->feature_model, "feature_model", in);
-  expect_matches_logging_scaled_error(fm.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens")), out, "features", kBaseModule);
+  expect_matches_logging_scaled_error(fm.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens")), out, "features",
+                                      kBaseModule);
 }
 
 TEST_F(ModelBase, Encoder) {
@@ -376,7 +376,8 @@ TEST_F(ModelBase, Encoder) {
   const auto out = open_reference("model_base/encoder.outputs.safetensors");
   Context ctx(2);
   const auto& enc = ready(model_->encoder, "encoder", in);
-  expect_matches_logging_scaled_error(enc.forward(ctx, read_tensor<float, 3>(in, "features")), out, "latents", kBaseModule);
+  expect_matches_logging_scaled_error(enc.forward(ctx, read_tensor<float, 3>(in, "features")), out, "latents",
+                                      kBaseModule);
 }
 
 TEST_F(ModelBase, LatentDecoder) {
@@ -384,7 +385,8 @@ TEST_F(ModelBase, LatentDecoder) {
   const auto out = open_reference("model_base/latent_decoder.outputs.safetensors");
   Context ctx(2);
   const auto& dec = ready(model_->latent_decoder, "latent_decoder", in);
-  expect_matches_logging_scaled_error(dec.forward(ctx, read_tensor<float, 3>(in, "latents")), out, "hidden", kBaseModule);
+  expect_matches_logging_scaled_error(dec.forward(ctx, read_tensor<float, 3>(in, "latents")), out, "hidden",
+                                      kBaseModule);
 }
 
 TEST_F(ModelBase, TokenDecoder) {
@@ -392,7 +394,8 @@ TEST_F(ModelBase, TokenDecoder) {
   const auto out = open_reference("model_base/token_decoder.outputs.safetensors");
   Context ctx(2);
   const auto& dec = ready(model_->token_decoder, "token_decoder", in);
-  expect_matches_logging_scaled_error(dec.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits", kBaseModule);
+  expect_matches_logging_scaled_error(dec.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits",
+                                      kBaseModule);
 }
 
 TEST_F(ModelBase, Denoiser) {
@@ -598,9 +601,10 @@ TEST_F(ModelLoading, OneModuleFromTheFullCheckpoint) {
   const auto in = open_reference("model_small/denoiser.inputs.safetensors");
   const auto out = open_reference("model_small/denoiser.outputs.safetensors");
   Context ctx;
-  expect_matches_logging_scaled_error(denoiser.forward(ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"),
-                                  read_tensor<float, 3>(in, "self_cond")),
-                 out, "x0", kSmallModule);
+  expect_matches_logging_scaled_error(
+      denoiser.forward(ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"),
+                       read_tensor<float, 3>(in, "self_cond")),
+      out, "x0", kSmallModule);
 
   // Without the scope, every other module's tensors are unexpected.
   const std::string msg = error_of<CheckpointError>([&] {
@@ -698,9 +702,9 @@ TEST(ModelInputs, TokenIdsOutsideTheVocabularyNameThePosition) {
   auto tokens = read_tensor<std::int64_t, 2>(open_reference("model_small/feature_model.inputs.safetensors"), "tokens");
   Context ctx;
   tokens(1, 3) = 101;  // = V
-  EXPECT_THAT(error_of<InvalidArgument>([&] { m.feature_model.forward(ctx, tokens); }),
-              AllOf(HasSubstr("feature_model"), HasSubstr("'tokens'"), HasSubstr("id 101 at [1, 3]"),
-                    HasSubstr("[0, 101)")));
+  EXPECT_THAT(
+      error_of<InvalidArgument>([&] { m.feature_model.forward(ctx, tokens); }),
+      AllOf(HasSubstr("feature_model"), HasSubstr("'tokens'"), HasSubstr("id 101 at [1, 3]"), HasSubstr("[0, 101)")));
   tokens(1, 3) = 0;
   tokens(0, 36) = -1;
   EXPECT_THAT(error_of<InvalidArgument>([&] { m.feature_model.forward(ctx, tokens); }),
@@ -734,8 +738,9 @@ TEST(ModelInputs, WrongFeatureWidth) {
   Context ctx;
   Tensor3<float> narrow(2, 5, 63);
   narrow.setZero();
-  EXPECT_THAT(error_of<ShapeError>([&] { m.encoder.forward(ctx, narrow); }),
-              AllOf(HasSubstr("encoder"), HasSubstr("'features'"), HasSubstr("expected shape [*, *, 64], got [2, 5, 63]")));
+  EXPECT_THAT(
+      error_of<ShapeError>([&] { m.encoder.forward(ctx, narrow); }),
+      AllOf(HasSubstr("encoder"), HasSubstr("'features'"), HasSubstr("expected shape [*, *, 64], got [2, 5, 63]")));
   EXPECT_THAT(error_of<ShapeError>([&] { m.latent_decoder.forward(ctx, narrow); }),
               AllOf(HasSubstr("latent_decoder"), HasSubstr("'latents'"), HasSubstr("[2, 5, 63]")));
   EXPECT_THAT(error_of<ShapeError>([&] { m.token_decoder.forward(ctx, narrow); }),
@@ -750,8 +755,9 @@ TEST(ModelInputs, DenoiserChecksSelfCondAndTime) {
   short_cond.setZero();
   Tensor1<float> t(2);
   t.setValues({0.3f, 0.85f});
-  EXPECT_THAT(error_of<ShapeError>([&] { m.denoiser.forward(ctx, x_t, t, short_cond); }),
-              AllOf(HasSubstr("denoiser"), HasSubstr("'self_cond'"), HasSubstr("expected shape [2, 5, 64], got [2, 4, 64]")));
+  EXPECT_THAT(
+      error_of<ShapeError>([&] { m.denoiser.forward(ctx, x_t, t, short_cond); }),
+      AllOf(HasSubstr("denoiser"), HasSubstr("'self_cond'"), HasSubstr("expected shape [2, 5, 64], got [2, 4, 64]")));
 
   Tensor1<float> three(3);
   three.setConstant(0.5f);

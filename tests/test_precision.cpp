@@ -62,10 +62,20 @@ using ::testing::HasSubstr;
 // ---------------------------------------------------------------------------
 
 TEST(Bf16Conversion, VectorPathEqualsScalarRoundingBitForBit) {
-  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f /* tie, even */, 1.01171875f /* tie, odd */,
-                          3.0e38f, -3.4e38f, std::numeric_limits<float>::infinity(),
-                          -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
-                          std::numeric_limits<float>::denorm_min(), 1.0e-39f, -2.5e-40f,
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          1.00390625f /* tie, even */,
+                          1.01171875f /* tie, odd */,
+                          3.0e38f,
+                          -3.4e38f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::denorm_min(),
+                          1.0e-39f,
+                          -2.5e-40f,
                           std::numeric_limits<float>::max()};
   std::mt19937 rng(7);
   std::uniform_int_distribution<std::uint32_t> bits;
@@ -141,8 +151,8 @@ TEST_P(PackedProduct, MatchesDoubleOnTheSameOperandsForEveryShapeLayoutAndStride
           const Eigen::MatrixXd want = reference_linear(x, w, with_bias ? &b : nullptr, bf16_mode);
           const Eigen::ArrayXXd err = (big_y.block(1, 3, c.M, c.N).cast<double>() - want).array().abs();
           EXPECT_TRUE((err <= 1e-5 + 1e-5 * want.array().abs()).all())
-              << "layout " << int(layout) << ", bias " << with_bias << ", threads " << threads
-              << ": max |error| " << err.maxCoeff();
+              << "layout " << int(layout) << ", bias " << with_bias << ", threads " << threads << ": max |error| "
+              << err.maxCoeff();
           Matrix<float> outside = big_y;
           outside.block(1, 3, c.M, c.N).setConstant(7.0f);
           EXPECT_TRUE((outside.array() == 7.0f).all()) << "wrote outside y";
@@ -242,7 +252,8 @@ TEST(Bf16Attention, KernelMatchesDoubleOnBf16OperandsBeyondOneTile) {
     double cap;
     bool causal;
   };
-  for (const Case c : {Case{2, 300, 300, 2, 16, 5.0, false}, {1, 257, 257, 2, 16, 0.0, true}, {2, 20, 57, 4, 16, 5.0, false}}) {
+  for (const Case c :
+       {Case{2, 300, 300, 2, 16, 5.0, false}, {1, 257, 257, 2, 16, 0.0, true}, {2, 20, 57, 4, 16, 5.0, false}}) {
     SCOPED_TRACE(testing::Message() << "Tq " << c.Tq << ", Tk " << c.Tk << (c.causal ? ", causal" : ""));
     const Index d = c.H * c.hd;
     const Matrix<float> q = Matrix<float>::Random(c.B * c.Tq, d) * 3, k = Matrix<float>::Random(c.B * c.Tk, d) * 3,
@@ -288,7 +299,7 @@ double max_abs_error(const Tensor3<float>& a, const Tensor3<float>& b) {
 struct Bf16Case {
   const char* model_dir;  // under tests/data
   const char* module;
-  Tolerance tolerance;    // against the `.bf16` dump
+  Tolerance tolerance;  // against the `.bf16` dump
 };
 
 std::string case_name(const ::testing::TestParamInfo<Bf16Case>& info) {
@@ -353,13 +364,16 @@ TEST_P(Bf16Model, MatchesTheBf16ReferenceAndIsCloserToFp32ThanAutocast) {
     const auto want_autocast = read_tensor<float, 3>(autocast, name);
     double max_scaled = 0;
     for (Index i = 0; i < got.size(); ++i)
-      max_scaled = std::max(max_scaled, std::abs(double(got.data()[i]) - want_exact.data()[i]) / (1 + std::abs(want_exact.data()[i])));
+      max_scaled = std::max(
+          max_scaled, std::abs(double(got.data()[i]) - want_exact.data()[i]) / (1 + std::abs(want_exact.data()[i])));
     const double scale = max_abs(want_fp32);
     const double ldlm_rms = rms_error(got, want_fp32), autocast_rms = rms_error(want_autocast, want_fp32);
-    const double ldlm_max = max_abs_error(got, want_fp32) / scale, autocast_max = max_abs_error(want_autocast, want_fp32) / scale;
+    const double ldlm_max = max_abs_error(got, want_fp32) / scale,
+                 autocast_max = max_abs_error(want_autocast, want_fp32) / scale;
     std::ostringstream observed;
-    observed << std::setprecision(3) << "vs .bf16: max |error|/(1+|ref|) " << max_scaled << "; vs fp32: ldlm-bf16 rms " << ldlm_rms
-             << ", autocast rms " << autocast_rms << ", ldlm-bf16 max " << ldlm_max << ", autocast max " << autocast_max;
+    observed << std::setprecision(3) << "vs .bf16: max |error|/(1+|ref|) " << max_scaled << "; vs fp32: ldlm-bf16 rms "
+             << ldlm_rms << ", autocast rms " << autocast_rms << ", ldlm-bf16 max " << ldlm_max << ", autocast max "
+             << autocast_max;
     ::testing::Test::RecordProperty(name + ".bf16", observed.str());
     std::printf("BF16 %s/%s %s: %s\n", dir.c_str(), module.c_str(), name.c_str(), observed.str().c_str());
     EXPECT_TRUE(ldlm::test::matches_reference(got, exact, name, c.tolerance));
@@ -370,12 +384,13 @@ TEST_P(Bf16Model, MatchesTheBf16ReferenceAndIsCloserToFp32ThanAutocast) {
 
 INSTANTIATE_TEST_SUITE_P(
     Dumps, Bf16Model,
-    ::testing::Values(Bf16Case{"model_small", "feature_model", kBf16Module}, Bf16Case{"model_small", "encoder", kBf16Module},
-                      Bf16Case{"model_small", "latent_decoder", kBf16Module}, Bf16Case{"model_small", "token_decoder", kBf16Module},
-                      Bf16Case{"model_small", "denoiser", kBf16Module}, Bf16Case{"model_small", "reconstruct", kBf16Chain},
-                      Bf16Case{"model_base", "feature_model", kBf16Deep}, Bf16Case{"model_base", "encoder", kBf16Deep},
-                      Bf16Case{"model_base", "latent_decoder", kBf16Deep}, Bf16Case{"model_base", "token_decoder", kBf16Deep},
-                      Bf16Case{"model_base", "denoiser", kBf16Deep}, Bf16Case{"model_base", "reconstruct", kBf16Deep}),
+    ::testing::Values(
+        Bf16Case{"model_small", "feature_model", kBf16Module}, Bf16Case{"model_small", "encoder", kBf16Module},
+        Bf16Case{"model_small", "latent_decoder", kBf16Module}, Bf16Case{"model_small", "token_decoder", kBf16Module},
+        Bf16Case{"model_small", "denoiser", kBf16Module}, Bf16Case{"model_small", "reconstruct", kBf16Chain},
+        Bf16Case{"model_base", "feature_model", kBf16Deep}, Bf16Case{"model_base", "encoder", kBf16Deep},
+        Bf16Case{"model_base", "latent_decoder", kBf16Deep}, Bf16Case{"model_base", "token_decoder", kBf16Deep},
+        Bf16Case{"model_base", "denoiser", kBf16Deep}, Bf16Case{"model_base", "reconstruct", kBf16Deep}),
     case_name);
 
 // ---------------------------------------------------------------------------
@@ -391,7 +406,8 @@ TEST(Dispatch, ReportsTheCpuAndTheKernelOfEveryPath) {
   ::testing::Test::RecordProperty("fp32_attention", paths.fp32_attention);
   ::testing::Test::RecordProperty("bf16_attention", paths.bf16_attention);
   EXPECT_EQ(paths.backend, backend_name(gemm_backend()));
-  for (const std::string* kernel : {&paths.fp32_linear, &paths.bf16_linear, &paths.fp32_attention, &paths.bf16_attention}) {
+  for (const std::string* kernel :
+       {&paths.fp32_linear, &paths.bf16_linear, &paths.fp32_attention, &paths.bf16_attention}) {
     EXPECT_FALSE(kernel->empty());
     EXPECT_FALSE(kernel->starts_with("ref")) << *kernel << ": a reference loop, not a kernel";
   }

@@ -348,8 +348,8 @@ TEST(Modulate, FusedLayerNormModulateEqualsTheComposition) {
   });
   EXPECT_NE(ragged.find("x [14, 16] is not a whole number of sequences of T = 8 rows"), std::string::npos) << ragged;
   Matrix<float> short_y(13, d);
-  const auto small_y = error_of<ShapeError>(
-      [&] { modulate<float>(ctx, as_matrix(x), as_matrix(shift), as_matrix(scale), T, short_y); });
+  const auto small_y =
+      error_of<ShapeError>([&] { modulate<float>(ctx, as_matrix(x), as_matrix(shift), as_matrix(scale), T, short_y); });
   EXPECT_NE(small_y.find("modulate: y [13, 16] must match x [14, 16]"), std::string::npos) << small_y;
 }
 

@@ -294,7 +294,8 @@ TEST(ReliabilityConcurrentThrows, WorkerExceptionReachesTheCaller) {
         in_flight.fetch_sub(1);
       });
     });
-    ASSERT_THAT(message, AllOf(HasSubstr("failed on worker "), ::testing::Not(HasSubstr("worker 0")))) << "round " << round;
+    ASSERT_THAT(message, AllOf(HasSubstr("failed on worker "), ::testing::Not(HasSubstr("worker 0"))))
+        << "round " << round;
     ASSERT_EQ(in_flight.load(), 0) << "a task was still running when the exception arrived, round " << round;
     expect_pool_works(pool, "round " + std::to_string(round));
   }
@@ -325,7 +326,8 @@ TEST(ReliabilityConcurrentThrows, CallerExceptionWaitsForTheWorkers) {
   ThreadPool pool(3);
   for (int round = 0; round < kThrowingRounds; ++round) {
     std::atomic<int> in_flight{0};
-    const std::string message = error_of<InvalidArgument>([&] { throw_on_the_caller_while_workers_run(pool, in_flight); });
+    const std::string message =
+        error_of<InvalidArgument>([&] { throw_on_the_caller_while_workers_run(pool, in_flight); });
     ASSERT_THAT(message, HasSubstr("caller task ")) << "round " << round;
     ASSERT_EQ(in_flight.load(), 0) << "workers were still inside the job when the exception arrived, round " << round;
     expect_pool_works(pool, "round " + std::to_string(round));
@@ -358,10 +360,10 @@ TEST(ReliabilityConcurrentThrows, OpThatThrowsInATaskLeavesTheContextUsable) {
   for (int round = 0; round < kThrowingRounds / 3; ++round) {
     std::atomic<int> blocks{0};
     EXPECT_THAT(error_of<NumericError>([&] {
-      linear<float>(ctx, x, w, nullptr, y, WeightLayout::out_in, [&](MatRef<float>) {
-        if (blocks.fetch_add(1) == round % 2) throw NumericError("epilogue: block rejected");
-      });
-    }),
+                  linear<float>(ctx, x, w, nullptr, y, WeightLayout::out_in, [&](MatRef<float>) {
+                    if (blocks.fetch_add(1) == round % 2) throw NumericError("epilogue: block rejected");
+                  });
+                }),
                 HasSubstr("epilogue: block rejected"));
     y.setZero();
     linear<float>(ctx, x, w, nullptr, y);
@@ -373,11 +375,11 @@ TEST(ReliabilityConcurrentThrows, OneThreadPoolPassesTheExceptionThrough) {
   ThreadPool pool(1);
   int ran = 0;
   EXPECT_THAT(error_of<ShapeError>([&] {
-    pool.parallel_for(5, [&](Index task, int) {
-      ++ran;
-      if (task == 2) throw ShapeError("task 2");
-    });
-  }),
+                pool.parallel_for(5, [&](Index task, int) {
+                  ++ran;
+                  if (task == 2) throw ShapeError("task 2");
+                });
+              }),
               HasSubstr("task 2"));
   EXPECT_EQ(ran, 3);
   expect_pool_works(pool, "after the one-thread failure");
@@ -426,8 +428,8 @@ TEST(ReliabilityFiniteCheck, NonFiniteWeightThrowsOnlyWhenChecking) {
     Context checking;
     checking.check_finite = true;
     EXPECT_THAT(error_of<NumericError>([&] { forward(checking); }),
-                AllOf(HasSubstr(std::string(k.module) + ": non-finite value"), HasSubstr(std::string("'") + k.tensor + "'"),
-                      HasSubstr("at row ")));
+                AllOf(HasSubstr(std::string(k.module) + ": non-finite value"),
+                      HasSubstr(std::string("'") + k.tensor + "'"), HasSubstr("at row ")));
 
     // Off (the default): no check, no throw; the non-finite value reaches the output.
     Context unchecked;
@@ -476,9 +478,9 @@ TEST(ReliabilityInputs, OnePastMaxPositionsForEncoderAndTokenDecoder) {
   const Index T = small_config().max_positions + 1;
   Tensor3<float> too_long(1, T, 64);
   too_long.setZero();
-  EXPECT_THAT(error_of<ShapeError>([&] { m.encoder.forward(ctx, too_long); }),
-              AllOf(HasSubstr("encoder: tensor 'features' has shape [1, 49, 64]"),
-                    HasSubstr("1 <= T <= max_positions = 48")));
+  EXPECT_THAT(
+      error_of<ShapeError>([&] { m.encoder.forward(ctx, too_long); }),
+      AllOf(HasSubstr("encoder: tensor 'features' has shape [1, 49, 64]"), HasSubstr("1 <= T <= max_positions = 48")));
   EXPECT_THAT(error_of<ShapeError>([&] { m.token_decoder.forward(ctx, too_long); }),
               AllOf(HasSubstr("token_decoder: tensor 'hidden' has shape [1, 49, 64]"),
                     HasSubstr("1 <= T <= max_positions = 48")));
@@ -512,9 +514,13 @@ TEST(ReliabilityInputs, ThreadCountMustBePositive) {
 }
 
 TEST(ReliabilityInputs, RankMismatchNamesBothShapes) {
-  EXPECT_THAT(error_of<ShapeError>([] { check_shape("op", "x", {2, 3}, Shape{2, 3, 1}); }),
+  EXPECT_THAT(error_of<ShapeError>([] {
+                check_shape("op", "x", {2, 3}, Shape{2, 3, 1});
+              }),
               HasSubstr("op: tensor 'x' expected shape [2, 3], got [2, 3, 1]"));
-  EXPECT_THAT(error_of<ShapeError>([] { check_shape("op", "x", {-1, 64}, Shape{64}); }),
+  EXPECT_THAT(error_of<ShapeError>([] {
+                check_shape("op", "x", {-1, 64}, Shape{64});
+              }),
               HasSubstr("op: tensor 'x' expected shape [*, 64], got [64]"));
 
   // A checkpoint whose weight was flattened to rank 1 (same element count).
@@ -530,8 +536,9 @@ TEST(ReliabilityInputs, RankMismatchNamesBothShapes) {
   });
   writer.write(path);
   LDLM<float> loaded(small_config());
-  EXPECT_THAT(error_of<CheckpointError>([&] { load_parameters(loaded, SafetensorsFile::open(path)); }),
-              AllOf(HasSubstr(path), HasSubstr("tensor 'denoiser.input_proj.weight' expected shape [64, 128], got [8192]")));
+  EXPECT_THAT(
+      error_of<CheckpointError>([&] { load_parameters(loaded, SafetensorsFile::open(path)); }),
+      AllOf(HasSubstr(path), HasSubstr("tensor 'denoiser.input_proj.weight' expected shape [64, 128], got [8192]")));
   fs::remove_all(dir);
 }
 

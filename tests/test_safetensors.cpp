@@ -40,7 +40,6 @@ std::span<const std::byte> as_bytes(const std::vector<T>& v) {
   return std::as_bytes(std::span<const T>(v));
 }
 
-
 std::string format_error(std::vector<std::byte> buf) {
   return error_of<ldlm::FormatError>([&] { SafetensorsFile::from_buffer(std::move(buf)); });
 }
@@ -50,7 +49,8 @@ std::string format_error(const std::string& header, std::size_t data_bytes) {
 
 class TempDir {
  public:
-  TempDir() : path_(fs::temp_directory_path() / ("ldlm_st_" + std::to_string(::getpid()) + "_" + std::to_string(n_++))) {
+  TempDir()
+      : path_(fs::temp_directory_path() / ("ldlm_st_" + std::to_string(::getpid()) + "_" + std::to_string(n_++))) {
     fs::create_directories(path_);
   }
   ~TempDir() { fs::remove_all(path_); }
@@ -69,7 +69,8 @@ TEST(Safetensors, RoundTripTypedDtypes) {
   const std::vector<float> f32{1.5f, -2.0f, 3.25f, 0.0f, -0.0f, 1e-40f};
   const std::vector<double> f64{1.0 / 3.0, -1e300, 5e-324};
   const std::vector<std::int64_t> i64{std::numeric_limits<std::int64_t>::min(), -1, 0, 1LL << 40};
-  const std::vector<std::int32_t> i32{std::numeric_limits<std::int32_t>::min(), 7, std::numeric_limits<std::int32_t>::max(), 0};
+  const std::vector<std::int32_t> i32{std::numeric_limits<std::int32_t>::min(), 7,
+                                      std::numeric_limits<std::int32_t>::max(), 0};
   SafetensorsWriter w;
   w.add("f32", {2, 3}, f32.data());
   w.add("f64", {3}, f64.data());
@@ -417,8 +418,10 @@ TEST(SafetensorsHostile, DuplicateTensorNames) {
 
 TEST(SafetensorsHostile, OffsetsOutsideDataSection) {
   const std::string h = R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[100,104]}})";
-  EXPECT_THAT(format_error(h, 8), HasSubstr("tensor 'x' data_offsets [100, 104] lie outside the data section of 8 bytes"));
-  const std::string wrap = R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[18446744073709551614,18446744073709551615]}})";
+  EXPECT_THAT(format_error(h, 8),
+              HasSubstr("tensor 'x' data_offsets [100, 104] lie outside the data section of 8 bytes"));
+  const std::string wrap =
+      R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[18446744073709551614,18446744073709551615]}})";
   EXPECT_THAT(format_error(wrap, 8), HasSubstr("lie outside the data section"));
 }
 
@@ -497,8 +500,8 @@ TEST(SafetensorsHostile, ShapeProductOverflow) {
   EXPECT_THAT(format_error(R"({"x":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0),
               HasSubstr("overflows 64 bits"));
   // A zero extent makes the product 0 even if earlier extents overflowed.
-  const auto f = SafetensorsFile::from_buffer(raw_file(
-      R"({"x":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})"));
+  const auto f = SafetensorsFile::from_buffer(
+      raw_file(R"({"x":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})"));
   EXPECT_EQ(f.info("x").numel(), 0);
 }
 

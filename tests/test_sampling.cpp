@@ -29,7 +29,8 @@ std::atomic<std::size_t> g_largest_allocation{0};
 __attribute__((weak)) void* operator new(std::size_t n) {
   if (g_count_allocations.load(std::memory_order_relaxed)) {
     g_allocations.fetch_add(1, std::memory_order_relaxed);
-    for (std::size_t seen = g_largest_allocation.load(); n > seen && !g_largest_allocation.compare_exchange_weak(seen, n);) {
+    for (std::size_t seen = g_largest_allocation.load();
+         n > seen && !g_largest_allocation.compare_exchange_weak(seen, n);) {
     }
   }
   if (void* p = std::malloc(n ? n : 1)) return p;
@@ -397,7 +398,8 @@ TEST(Generate, NoHeapAllocationOfActivationsInsideTheSamplingLoop) {
   if (gemm_backend() == GemmBackend::eigen) {
     EXPECT_EQ(during_loop, 0) << "operator new called inside the sampling loop";
   }
-  ::testing::Test::RecordProperty("allocations_in_loop", std::to_string(during_loop) + ", largest " + std::to_string(largest) + " bytes");
+  ::testing::Test::RecordProperty("allocations_in_loop",
+                                  std::to_string(during_loop) + ", largest " + std::to_string(largest) + " bytes");
 
   // The counter must be live, or the checks above prove nothing.
   g_allocations = 0;
@@ -415,15 +417,16 @@ template <class S>
 void check_argmax_matches_torch() {
   const S nan = std::numeric_limits<S>::quiet_NaN(), inf = std::numeric_limits<S>::infinity();
   const std::vector<std::pair<std::vector<S>, std::int64_t>> rows = {
-      {{1, nan, 3, nan}, 1}, {{nan, 1, 2, 0}, 0},     {{1, 2, 0, nan}, 3},    {{inf, nan, 0, 0}, 1},
-      {{nan, nan, 0, 0}, 0}, {{-inf, -inf, -inf, -inf}, 0}, {{1, 3, 3, 0}, 1}, {{-inf, nan, inf, 0}, 1},
+      {{1, nan, 3, nan}, 1},    {{nan, 1, 2, 0}, 0},           {{1, 2, 0, nan}, 3}, {{inf, nan, 0, 0}, 1},
+      {{nan, nan, 0, 0}, 0},    {{-inf, -inf, -inf, -inf}, 0}, {{1, 3, 3, 0}, 1},   {{-inf, nan, inf, 0}, 1},
       {{-0.0, 0.0, -1, -2}, 0}, {{-5, -1, -1, -7}, 1}};
   Matrix<S> logits(static_cast<Index>(rows.size()), 4);
   for (std::size_t r = 0; r < rows.size(); ++r)
     for (Index v = 0; v < 4; ++v) logits(static_cast<Index>(r), v) = rows[r].first[std::size_t(v)];
   std::vector<std::int64_t> ids(rows.size(), -1);
   argmax_rows<S>(logits, ids.data());
-  for (std::size_t r = 0; r < rows.size(); ++r) EXPECT_EQ(ids[r], rows[r].second) << "row " << r << ": " << logits.row(Index(r));
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    EXPECT_EQ(ids[r], rows[r].second) << "row " << r << ": " << logits.row(Index(r));
 }
 
 TEST(Pipeline, ArgmaxTreatsNanAsTheMaximumLikeTorch) {

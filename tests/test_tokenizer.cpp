@@ -18,8 +18,8 @@
 namespace ldlm {
 namespace {
 
-using ::testing::HasSubstr;
 using test::error_of;
+using ::testing::HasSubstr;
 using Ids = std::vector<std::int64_t>;
 
 const std::string kGpt2Dir = LDLM_GPT2_TOKENIZER_DIR;
@@ -70,8 +70,7 @@ TEST(TokenizerParity, MatchesTiktokenOnEveryCase) {
     const auto want = c.at("ids").get<Ids>();
     const auto got = gpt2().encode(text);
     const auto result = same_ids(got, want);
-    EXPECT_TRUE(result) << "case '" << c.at("name").get<std::string>() << "', text "
-                        << detail::tok::quote(text);
+    EXPECT_TRUE(result) << "case '" << c.at("name").get<std::string>() << "', text " << detail::tok::quote(text);
     EXPECT_EQ(gpt2().decode(want), text) << "decode, case '" << c.at("name").get<std::string>() << "'";
     if (!result && ++failures >= 10) FAIL() << "stopping after 10 differences";
   }
@@ -87,13 +86,13 @@ TEST(TokenizerParity, WhiteSpaceIsUnicodesProperty) {
     const char* character;
     Ids ids;
   } cases[] = {
-      {"\xc2\x85", {64, 220, 220, 126, 227, 65}},          // U+0085 NEL: white space
-      {"\xc2\xa0", {64, 220, 220, 1849, 65}},              // U+00A0 NBSP: white space
-      {"\xe2\x80\xa8", {64, 220, 220, 447, 101, 65}},      // U+2028: white space
-      {"\xe3\x80\x80", {64, 220, 220, 5099, 222, 65}},     // U+3000: white space
-      {"\xe1\xa0\x8e", {64, 220, 28053, 254, 236, 65}},    // U+180E: not (since Unicode 6.3)
-      {"\xef\xbb\xbf", {64, 220, 27332, 119, 123, 65}},    // U+FEFF: not
-      {"\xe2\x80\x8b", {64, 220, 20126, 65}},              // U+200B: not
+      {"\xc2\x85", {64, 220, 220, 126, 227, 65}},        // U+0085 NEL: white space
+      {"\xc2\xa0", {64, 220, 220, 1849, 65}},            // U+00A0 NBSP: white space
+      {"\xe2\x80\xa8", {64, 220, 220, 447, 101, 65}},    // U+2028: white space
+      {"\xe3\x80\x80", {64, 220, 220, 5099, 222, 65}},   // U+3000: white space
+      {"\xe1\xa0\x8e", {64, 220, 28053, 254, 236, 65}},  // U+180E: not (since Unicode 6.3)
+      {"\xef\xbb\xbf", {64, 220, 27332, 119, 123, 65}},  // U+FEFF: not
+      {"\xe2\x80\x8b", {64, 220, 20126, 65}},            // U+200B: not
   };
   for (const auto& c : cases)
     EXPECT_EQ(gpt2().encode(std::string("a  ") + c.character + "b"), c.ids) << detail::tok::quote(c.character);
@@ -175,7 +174,8 @@ TEST(Tokenizer, EncodeRejectsInvalidUtf8WithItsOffset) {
       {"\x80x", "at byte offset 0: byte 0x80 is a continuation byte without a lead byte"},
       {"x\xc0\xaf", "at byte offset 1: byte 0xc0 is the lead byte of an overlong encoding"},
       {"\xe0\x80\xaf", "at byte offset 0: byte 0x80 cannot follow 0xe0 in a well-formed sequence (overlong)"},
-      {"12345678\xed\xa0\x80", "at byte offset 8: byte 0xa0 cannot follow 0xed in a well-formed sequence (a surrogate)"},
+      {"12345678\xed\xa0\x80",
+       "at byte offset 8: byte 0xa0 cannot follow 0xed in a well-formed sequence (a surrogate)"},
       {"\xf4\x90\x80\x80", "at byte offset 0: byte 0x90 cannot follow 0xf4 in a well-formed sequence (above U+10FFFF)"},
       {"caf\xc3", "at byte offset 3: the 2-byte sequence starting with 0xc3 is cut off by the end of the text"},
       {"a\xe2\x82(b", "at byte offset 1: byte 0x28 cannot follow 0xe2 ... in a well-formed sequence"},
@@ -197,8 +197,10 @@ std::string char_of(unsigned char b) { return detail::tok::ByteLevel::get().text
 /// A vocabulary file: the 256 byte tokens (id = byte), then `extra` tokens.
 std::string vocab_json(const std::vector<std::string>& extra) {
   std::string s = "{";
-  for (int b = 0; b < 256; ++b) s += nlohmann::json(char_of(static_cast<unsigned char>(b))).dump() + ": " + std::to_string(b) + ", ";
-  for (std::size_t i = 0; i < extra.size(); ++i) s += nlohmann::json(extra[i]).dump() + ": " + std::to_string(256 + i) + ", ";
+  for (int b = 0; b < 256; ++b)
+    s += nlohmann::json(char_of(static_cast<unsigned char>(b))).dump() + ": " + std::to_string(b) + ", ";
+  for (std::size_t i = 0; i < extra.size(); ++i)
+    s += nlohmann::json(extra[i]).dump() + ": " + std::to_string(256 + i) + ", ";
   s.resize(s.size() - 2);
   return s + "}";
 }
@@ -264,9 +266,12 @@ class TokenizerFiles : public ::testing::Test {
         {"version", "1.0"},
         {"added_tokens", {{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}}},
         {"normalizer", nullptr},
-        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+        {"pre_tokenizer",
+         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
         {"model",
-         {{"type", "BPE"}, {"vocab", nlohmann::json::parse(read_text(kGpt2Dir + "/encoder.json"))}, {"merges", merges}}}}
+         {{"type", "BPE"},
+          {"vocab", nlohmann::json::parse(read_text(kGpt2Dir + "/encoder.json"))},
+          {"merges", merges}}}}
         .dump();
   }
 
@@ -293,7 +298,8 @@ TEST_F(TokenizerFiles, TokenizerJsonGivesTheSameIds) {
 
 TEST_F(TokenizerFiles, DirectoryErrors) {
   EXPECT_THAT(error_of<IoError>([&] { Tokenizer::load(dir() + "/missing"); }),
-              HasSubstr("tokenizer: '" + dir() + "/missing' is not a directory (expected encoder.json + vocab.bpe, "
+              HasSubstr("tokenizer: '" + dir() +
+                        "/missing' is not a directory (expected encoder.json + vocab.bpe, "
                         "vocab.json + merges.txt, or tokenizer.json)"));
   EXPECT_THAT(error_of<IoError>([&] { Tokenizer::load(dir()); }),
               HasSubstr("tokenizer: '" + dir() + "' holds no tokenizer files"));
@@ -320,16 +326,19 @@ TEST(TokenizerHostileFiles, Vocabulary) {
     std::string vocab, message;
   } cases[] = {
       {"", "tokenizer v.json: not valid JSON: [json.exception.parse_error.101]"},
-      {bytes.substr(0, 300), "tokenizer v.json: not valid JSON: [json.exception.parse_error.101] parse error at line 1, column 301"},
+      {bytes.substr(0, 300),
+       "tokenizer v.json: not valid JSON: [json.exception.parse_error.101] parse error at line 1, column 301"},
       {"[1, 2]", "tokenizer v.json: expected an object of token -> id, found an array"},
       {"42", "tokenizer v.json: expected an object of token -> id, found number 42"},
       {"{}", "tokenizer v.json: the vocabulary is empty (expected at least the 256 byte tokens)"},
-      {"{" + body + ", \"ab\": {\"x\": 1}}", "tokenizer v.json: key 'ab': expected a non-negative integer id, found an object"},
+      {"{" + body + ", \"ab\": {\"x\": 1}}",
+       "tokenizer v.json: key 'ab': expected a non-negative integer id, found an object"},
       {"{" + body + ", \"ab\": [256]}", "key 'ab': expected a non-negative integer id, found an array"},
       {"{" + body + ", \"ab\": \"256\"}", "key 'ab': expected a non-negative integer id, found string \"256\""},
       {"{" + body + ", \"ab\": 256.0}", "key 'ab': expected a non-negative integer id, found number 256.0"},
       {"{" + body + ", \"ab\": null}", "key 'ab': expected a non-negative integer id, found null"},
-      {"{" + body + ", \"ab\": -1}", "key 'ab': id -1 is outside [0, 257): the ids of 257 tokens must be 0..256, each once"},
+      {"{" + body + ", \"ab\": -1}",
+       "key 'ab': id -1 is outside [0, 257): the ids of 257 tokens must be 0..256, each once"},
       {"{" + body + ", \"ab\": 300}", "key 'ab': id 300 is outside [0, 257)"},
       {"{" + body + ", \"ab\": 18446744073709551615}", "key 'ab': id 18446744073709551615 is outside [0, 257)"},
       {"{" + body + ", \"ab\": 99999999999999999999999}", "key 'ab': expected a non-negative integer id, found number"},
@@ -339,12 +348,15 @@ TEST(TokenizerHostileFiles, Vocabulary) {
       {"{" + body + ", \"a b\": 256}",
        "key 'a b': character U+0020 is not one of GPT-2's 256 byte-level characters (a space is written U+0120 'Ġ')"},
       {"{" + body + ", \"\\u3042\": 256}", "character U+3042 is not one of GPT-2's 256 byte-level characters"},
-      {"{" + body + ", \"" + std::string(5000, 'a') + "\": 256}", "the token has 5000 bytes, more than the limit of 4096"},
+      {"{" + body + ", \"" + std::string(5000, 'a') + "\": 256}",
+       "the token has 5000 bytes, more than the limit of 4096"},
       {"{" + body + ", \"a\xff\": 256}", "not valid JSON: [json.exception.parse_error.101] parse error at line 1"},
       {"{" + body + ", \"\\ud800\": 256}", "not valid JSON: [json.exception.parse_error.101]"},
       {"{" + body + "} trailing", "not valid JSON: [json.exception.parse_error.101]"},
-      {"{" + body.substr(body.find(',') + 2) + ", \"ab\": 0}", "tokenizer v.json: no token for byte 0x00 (expected the key 'Ā'"},
-      {std::string(detail::tok::kMaxFileBytes + 1, ' '), "tokenizer v.json: file is 67108865 bytes, more than the limit of 67108864"},
+      {"{" + body.substr(body.find(',') + 2) + ", \"ab\": 0}",
+       "tokenizer v.json: no token for byte 0x00 (expected the key 'Ā'"},
+      {std::string(detail::tok::kMaxFileBytes + 1, ' '),
+       "tokenizer v.json: file is 67108865 bytes, more than the limit of 67108864"},
   };
   for (const auto& c : cases) EXPECT_THAT(vocab_error(c.vocab), HasSubstr(c.message)) << detail::tok::quote(c.vocab);
   std::string huge = "{";
@@ -354,7 +366,8 @@ TEST(TokenizerHostileFiles, Vocabulary) {
   std::string no_newline = bytes;
   const std::string newline_entry = "\"\xc4\x8a\": 10,";
   no_newline.replace(no_newline.find(newline_entry), newline_entry.size(), "\"ab\": 10,");
-  EXPECT_THAT(vocab_error(no_newline), HasSubstr("no token for byte 0x0a (expected the key '\xc4\x8a': every byte needs a token)"));
+  EXPECT_THAT(vocab_error(no_newline),
+              HasSubstr("no token for byte 0x0a (expected the key '\xc4\x8a': every byte needs a token)"));
 }
 
 TEST(TokenizerHostileFiles, Merges) {
@@ -374,13 +387,18 @@ TEST(TokenizerHostileFiles, Merges) {
       {"a b\nb c\na b\n", "line 3: merge 'a b': the result 'ab' is already made by line 1"},
       {"a b\nb c\nab c\na bc\n", "line 4: merge 'a bc': the result 'abc' is already made by line 3"},
       {"a b\na\xffz\n", "tokenizer m.txt: line 2: not valid UTF-8 at byte offset 5: byte 0xff is not a UTF-8 byte"},
-      {"a \xe3\x81\x82\n", "line 1: merge 'a \xe3\x81\x82': character U+3042 in '\xe3\x81\x82' is not one of GPT-2's 256 byte-level characters"},
-      {std::string(detail::tok::kMaxFileBytes + 1, 'a'), "tokenizer m.txt: file is 67108865 bytes, more than the limit of 67108864"},
+      {"a \xe3\x81\x82\n",
+       "line 1: merge 'a \xe3\x81\x82': character U+3042 in '\xe3\x81\x82' is not one of GPT-2's 256 byte-level "
+       "characters"},
+      {std::string(detail::tok::kMaxFileBytes + 1, 'a'),
+       "tokenizer m.txt: file is 67108865 bytes, more than the limit of 67108864"},
   };
-  for (const auto& c : cases) EXPECT_THAT(vocab_error(vocab, c.merges), HasSubstr(c.message)) << detail::tok::quote(c.merges);
+  for (const auto& c : cases)
+    EXPECT_THAT(vocab_error(vocab, c.merges), HasSubstr(c.message)) << detail::tok::quote(c.merges);
   std::string many;
   for (int i = 0; i < 300; ++i) many += "a b\n";
-  EXPECT_THAT(vocab_error(vocab, many), HasSubstr("tokenizer m.txt: 300 merges for 259 tokens (each merge makes a new token)"));
+  EXPECT_THAT(vocab_error(vocab, many),
+              HasSubstr("tokenizer m.txt: 300 merges for 259 tokens (each merge makes a new token)"));
   // CRLF line ends and a missing final newline are fine.
   EXPECT_EQ(Tokenizer::from_vocab_and_merges(vocab, "#version: 0.2\r\na b\r\nab c").encode("abc"), (Ids{257}));
 }
@@ -407,27 +425,39 @@ TEST(TokenizerHostileFiles, TokenizerJson) {
       {"{\"mod", "tokenizer t.json: not valid JSON"},
       {"{}", "tokenizer t.json: missing key 'model'"},
       {file({{"model", 3}}), "tokenizer t.json: model: expected an object, found number 3"},
-      {file({{"model", {{"type", "WordPiece"}}}}), "tokenizer t.json: model.type: expected \"BPE\", found string \"WordPiece\""},
+      {file({{"model", {{"type", "WordPiece"}}}}),
+       "tokenizer t.json: model.type: expected \"BPE\", found string \"WordPiece\""},
       {file({{"model", {{"vocab", nullptr}}}}), "tokenizer t.json: model: missing key 'vocab'"},
-      {file({{"model", {{"vocab", {1, 2}}}}}), "tokenizer t.json: model.vocab: expected an object of token -> id, found array"},
+      {file({{"model", {{"vocab", {1, 2}}}}}),
+       "tokenizer t.json: model.vocab: expected an object of token -> id, found array"},
       {R"({"model": {"vocab": {"a": 0}, "merges": []}})", "tokenizer t.json: no token for byte 0x00"},
-      {file({{"model", {{"merges", "a b"}}}}), "tokenizer t.json: model.merges: expected an array of merges, found string"},
+      {file({{"model", {{"merges", "a b"}}}}),
+       "tokenizer t.json: model.merges: expected an array of merges, found string"},
       {file({{"model", {{"merges", nlohmann::json::array({"a b", 7})}}}}),
-       "tokenizer t.json: model.merges[1]: expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"] (non-empty), found number 7"},
-      {file({{"model", {{"merges", nlohmann::json::array({nlohmann::json::array({"a", "b", "c"})})}}}}), "model.merges[0]: expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"]"},
-      {file({{"model", {{"merges", nlohmann::json::array({nlohmann::json::array({"a", ""})})}}}}), "model.merges[0]: expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"]"},
-      {file({{"model", {{"merges", {"ab"}}}}}), "model.merges[0]: expected 'LEFT RIGHT' (two tokens and one space), found 'ab'"},
+       "tokenizer t.json: model.merges[1]: expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"] (non-empty), found number "
+       "7"},
+      {file({{"model", {{"merges", nlohmann::json::array({nlohmann::json::array({"a", "b", "c"})})}}}}),
+       "model.merges[0]: expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"]"},
+      {file({{"model", {{"merges", nlohmann::json::array({nlohmann::json::array({"a", ""})})}}}}),
+       "model.merges[0]: expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"]"},
+      {file({{"model", {{"merges", {"ab"}}}}}),
+       "model.merges[0]: expected 'LEFT RIGHT' (two tokens and one space), found 'ab'"},
       {file({{"model", {{"merges", {"a x"}}}}}), "model.merges[0]: merge 'a x': the result 'ax' is not in model.vocab"},
-      {file({{"normalizer", {{"type", "NFC"}}}}), "tokenizer t.json: normalizer: expected null (GPT-2 does not normalize text)"},
-      {file({{"pre_tokenizer", {{"type", "Whitespace"}}}}), "tokenizer t.json: pre_tokenizer: expected {\"type\": \"ByteLevel\"}"},
+      {file({{"normalizer", {{"type", "NFC"}}}}),
+       "tokenizer t.json: normalizer: expected null (GPT-2 does not normalize text)"},
+      {file({{"pre_tokenizer", {{"type", "Whitespace"}}}}),
+       "tokenizer t.json: pre_tokenizer: expected {\"type\": \"ByteLevel\"}"},
       {file({{"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", true}}}}),
        "pre_tokenizer.add_prefix_space: expected false (GPT-2 adds no space before the text)"},
-      {file({{"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", false}}}}), "pre_tokenizer.use_regex: expected true"},
+      {file({{"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", false}}}}),
+       "pre_tokenizer.use_regex: expected true"},
       {file({{"added_tokens", {{{"id", 257}, {"content", "<|pad|>"}}}}}),
-       "tokenizer t.json: added_tokens[0]: id 257 ('<|pad|>') is not in model.vocab of 257 tokens; ldlm adds only pad and mask"},
+       "tokenizer t.json: added_tokens[0]: id 257 ('<|pad|>') is not in model.vocab of 257 tokens; ldlm adds only pad "
+       "and mask"},
       {file({{"added_tokens", {{{"id", 256}, {"content", "<|endoftext|>"}}}}}),
        "added_tokens[0]: content '<|endoftext|>' differs from model.vocab's token 256, 'ab'"},
-      {file({{"added_tokens", {{{"id", -1}}}}}), "added_tokens[0]: expected an object with an unsigned \"id\" and a string \"content\""},
+      {file({{"added_tokens", {{{"id", -1}}}}}),
+       "added_tokens[0]: expected an object with an unsigned \"id\" and a string \"content\""},
       {file({{"added_tokens", 5}}), "tokenizer t.json: added_tokens: expected an array, found number 5"},
   };
   for (const auto& c : cases) EXPECT_THAT(error(c.text), HasSubstr(c.message)) << c.text.substr(0, 200);

@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     c.validate();
     // The config bounds keep a batch of up to 2^20 sequences of max_positions
     // (the widest activation rows) inside a 64-bit index.
-    if (!ldlm::checked_product<std::int64_t>({std::int64_t{1} << 20, c.max_positions, c.widest_row()})) __builtin_trap();
+    if (!ldlm::checked_product<std::int64_t>({std::int64_t{1} << 20, c.max_positions, c.widest_row()}))
+      __builtin_trap();
     if (ldlm::Config::parse(c.to_json().dump()).to_json() != c.to_json()) __builtin_trap();
   } catch (const ldlm::Error&) {
     // Rejected input: expected.

@@ -16,9 +16,8 @@
 namespace {
 
 const ldlm::Tokenizer& gpt2() {
-  static const ldlm::Tokenizer t =
-      ldlm::Tokenizer::from_vocab_and_merges(*ldlm::embedded::find("gpt2/encoder.json"),
-                                             *ldlm::embedded::find("gpt2/vocab.bpe"));
+  static const ldlm::Tokenizer t = ldlm::Tokenizer::from_vocab_and_merges(*ldlm::embedded::find("gpt2/encoder.json"),
+                                                                          *ldlm::embedded::find("gpt2/vocab.bpe"));
   return t;
 }
 
@@ -31,9 +30,8 @@ long pcre2_invalid_offset(std::string_view text) {
   }();
   pcre2_match_data_8* md = pcre2_match_data_create_from_pattern_8(any, nullptr);
   const int rc = pcre2_match_8(any, reinterpret_cast<PCRE2_SPTR8>(text.data()), text.size(), 0, 0, md, nullptr);
-  const long offset = rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21
-                          ? static_cast<long>(pcre2_get_startchar_8(md))
-                          : -1;
+  const long offset =
+      rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21 ? static_cast<long>(pcre2_get_startchar_8(md)) : -1;
   pcre2_match_data_free_8(md);
   return offset;
 }

@@ -17,9 +17,11 @@ using NamedOutputs = std::vector<std::pair<std::string, Tensor3<float>>>;
 /// denoiser or reconstruct) on the inputs file of a dump, named as in the outputs file.
 inline NamedOutputs run_module(Context& ctx, const LDLM<float>& m, const std::string& module,
                                const SafetensorsFile& in) {
-  if (module == "feature_model") return {{"features", m.feature_model.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens"))}};
+  if (module == "feature_model")
+    return {{"features", m.feature_model.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens"))}};
   if (module == "encoder") return {{"latents", m.encoder.forward(ctx, read_tensor<float, 3>(in, "features"))}};
-  if (module == "latent_decoder") return {{"hidden", m.latent_decoder.forward(ctx, read_tensor<float, 3>(in, "latents"))}};
+  if (module == "latent_decoder")
+    return {{"hidden", m.latent_decoder.forward(ctx, read_tensor<float, 3>(in, "latents"))}};
   if (module == "token_decoder") return {{"logits", m.token_decoder.forward(ctx, read_tensor<float, 3>(in, "hidden"))}};
   if (module == "denoiser")
     return {{"x0", m.denoiser.forward(ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"),

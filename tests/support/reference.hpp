@@ -17,7 +17,9 @@ namespace ldlm::test {
 
 inline std::string data_path(const std::string& relative) { return std::string(LDLM_TEST_DATA_DIR) + "/" + relative; }
 
-inline SafetensorsFile open_reference(const std::string& relative) { return SafetensorsFile::open(data_path(relative)); }
+inline SafetensorsFile open_reference(const std::string& relative) {
+  return SafetensorsFile::open(data_path(relative));
+}
 
 /// Reads a tensor of the dump as S, checking its rank.
 template <class S, int Rank>

@@ -41,12 +41,12 @@ const Option kConfigOption{"config", "C.json",
 const Option kThreadsOption{"threads", "N", "threads of the execution context (default: all cores)"};
 const Option kWeightsOption{"weights", "W.safetensors", "parameters under their full state-dict names"};
 const Option kPrecisionOption{"precision", "fp32|bf16",
-                               "precision of the matrix products (default fp32); bf16 keeps norms, softmax and\n"
-                               "the residual stream in fp32 (docs/model.md#precision)"};
-const Option kInitSeedOption{
-    "init-seed", "S",
-    "generator weights of this seed instead of the built-in model (with --config: of that\n"
-    "configuration, default seed " + std::to_string(kDefaultInitSeed) + ")"};
+                              "precision of the matrix products (default fp32); bf16 keeps norms, softmax and\n"
+                              "the residual stream in fp32 (docs/model.md#precision)"};
+const Option kInitSeedOption{"init-seed", "S",
+                             "generator weights of this seed instead of the built-in model (with --config: of that\n"
+                             "configuration, default seed " +
+                                 std::to_string(kDefaultInitSeed) + ")"};
 
 /// The model configuration: the weights file's own (which --config, if given, must
 /// equal), else --config, else ldlm-base.
@@ -89,7 +89,9 @@ int thread_count(const Args& args) {
   return static_cast<int>(args.get_int("threads", cores, 1, 1024));
 }
 
-Precision precision_of(const Args& args) { return parse_precision(args.get("precision", "fp32"), "option '--precision'"); }
+Precision precision_of(const Args& args) {
+  return parse_precision(args.get("precision", "fp32"), "option '--precision'");
+}
 
 /// Runs a() and b(), on two threads when `parallel`: initialising or loading ldlm-base
 /// is dominated by first-touch page faults and generator arithmetic, which split
@@ -135,7 +137,8 @@ void fill_modules(LDLM<float>& model, const Args& args, const std::optional<Safe
         with_module(model, name, [&](auto& module) { init_parameters(module, seed, name + ".", precision); });
     }
   };
-  run_pair(parallel, [&] { fill(first); }, [&] { fill(second); });
+  run_pair(
+      parallel, [&] { fill(first); }, [&] { fill(second); });
 }
 
 void print_tokens(std::ostream& out, const TokenTensor& tokens) {
@@ -226,13 +229,14 @@ class Inputs {
 // ldlm params
 // ---------------------------------------------------------------------------
 
-const Command kParams{"params",
-                      "parameter counts per module and the totals",
-                      "",
-                      "Print the trained and frozen parameter counts of every module, then the totals\n"
-                      "(nothing is allocated).",
-                      {kConfigOption, {"weights", "W.safetensors", "count the model whose configuration this file stores"}},
-                      ""};
+const Command kParams{
+    "params",
+    "parameter counts per module and the totals",
+    "",
+    "Print the trained and frozen parameter counts of every module, then the totals\n"
+    "(nothing is allocated).",
+    {kConfigOption, {"weights", "W.safetensors", "count the model whose configuration this file stores"}},
+    ""};
 
 int run_params(const Args& args) {
   args.expect_positionals(0, 0);
@@ -445,9 +449,9 @@ const std::string kTokenizerDetails =
     "--tokenizer DIR reads encoder.json + vocab.bpe (OpenAI), vocab.json + merges.txt or\n"
     "tokenizer.json (Hugging Face). pad and mask follow the files' tokens (GPT-2: ids 50257\n"
     "and 50258), so GPT-2's vocabulary has 50259 tokens, ldlm-base's V.\n";
-const Option kVocabSizeOption{"vocab-size", "V",
-                              "the model's vocabulary size, which the tokenizer must match (default " +
-                                  std::to_string(kDefaultVocabSize) + ")"};
+const Option kVocabSizeOption{
+    "vocab-size", "V",
+    "the model's vocabulary size, which the tokenizer must match (default " + std::to_string(kDefaultVocabSize) + ")"};
 
 /// The tokenizer of --tokenizer DIR, or GPT-2's files built into the tool; its
 /// vocabulary (with pad and mask) must have the model's size V.
@@ -794,14 +798,10 @@ struct Subcommand {
 };
 
 const std::vector<Subcommand>& subcommands() {
-  static const std::vector<Subcommand> all = {{&kParams, run_params},
-                                              {&kForward, run_forward},
-                                              {&kCompare, run_compare},
-                                              {&kGenerate, run_generate},
-                                              {&kReconstruct, run_reconstruct},
-                                              {&kTokenize, run_tokenize},
-                                              {&kDetokenize, run_detokenize},
-                                              {&kInfo, run_info}};
+  static const std::vector<Subcommand> all = {{&kParams, run_params},           {&kForward, run_forward},
+                                              {&kCompare, run_compare},         {&kGenerate, run_generate},
+                                              {&kReconstruct, run_reconstruct}, {&kTokenize, run_tokenize},
+                                              {&kDetokenize, run_detokenize},   {&kInfo, run_info}};
   return all;
 }
 

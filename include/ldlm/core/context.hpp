@@ -197,7 +197,8 @@ class Arena {
     void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(kAlign)); }
   };
   struct Block {
-    explicit Block(std::size_t n) : data(static_cast<std::byte*>(::operator new[](n, std::align_val_t(kAlign)))), size(n) {}
+    explicit Block(std::size_t n)
+        : data(static_cast<std::byte*>(::operator new[](n, std::align_val_t(kAlign)))), size(n) {}
     std::unique_ptr<std::byte[], Deleter> data;
     std::size_t size;
   };

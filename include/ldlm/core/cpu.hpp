@@ -61,8 +61,8 @@ inline CpuFeatures detect_cpu_features() {
   __get_cpuid(1, &a, &b, &c, &d);
   const unsigned base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
   f.family = static_cast<int>(base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family);
-  f.model = static_cast<int>(base_family == 0x6 || base_family == 0xf ? base_model | (((a >> 16) & 0xf) << 4)
-                                                                       : base_model);
+  f.model =
+      static_cast<int>(base_family == 0x6 || base_family == 0xf ? base_model | (((a >> 16) & 0xf) << 4) : base_model);
   const bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
   f.fma = (c >> 12) & 1;
   std::uint64_t xcr0 = 0;
@@ -71,9 +71,9 @@ inline CpuFeatures detect_cpu_features() {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     xcr0 = (std::uint64_t(hi) << 32) | lo;
   }
-  const bool ymm_state = (xcr0 & 0x6) == 0x6;             // SSE + AVX registers
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;                 // SSE + AVX registers
   const bool zmm_state = ymm_state && (xcr0 & 0xe0) == 0xe0;  // opmask + upper zmm
-  const bool tile_state = (xcr0 & 0x60000) == 0x60000;     // XTILECFG + XTILEDATA
+  const bool tile_state = (xcr0 & 0x60000) == 0x60000;        // XTILECFG + XTILEDATA
   f.fma = f.fma && avx && ymm_state;
 
   if (max_leaf >= 7) {

@@ -68,7 +68,8 @@ __attribute__((target("avx512f"))) inline __m512i bf16_bits_avx512(__m512 v) {
 __attribute__((target("avx512f"))) inline void to_bf16_avx512(const float* x, std::int64_t n, bf16* y) {
   std::int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(bf16_bits_avx512(_mm512_loadu_ps(x + i))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        _mm512_cvtepi32_epi16(bf16_bits_avx512(_mm512_loadu_ps(x + i))));
   for (; i < n; ++i) y[i] = float_to_bf16(x[i]);
 }
 

@@ -63,7 +63,9 @@ inline bool is_gpt2_buffer(std::string_view name) {
 namespace detail {
 inline std::string file_label(const SafetensorsFile& file) { return "checkpoint '" + file.path() + "'"; }
 
-inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16; }
+inline bool is_float_dtype(DType t) {
+  return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16;
+}
 
 /// Reads tensor `name` of `file` into parameter `p` after checking its shape and dtype.
 template <class P>
@@ -156,7 +158,8 @@ void save_parameters(const M& module, const std::string& path, const std::string
                      const std::map<std::string, std::string>& metadata = {}) {
   SafetensorsWriter writer;
   for (const auto& [k, v] : metadata) writer.set_metadata(k, v);
-  visit_parameters(module, prefix, [&](const std::string& name, const auto& p) { writer.add(name, p.shape(), p.data()); });
+  visit_parameters(module, prefix,
+                   [&](const std::string& name, const auto& p) { writer.add(name, p.shape(), p.data()); });
   writer.write(path);
 }
 

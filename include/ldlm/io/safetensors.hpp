@@ -45,26 +45,46 @@ enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
 
 inline constexpr std::string_view dtype_name(DType d) {
   switch (d) {
-    case DType::F64: return "F64";
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    case DType::I64: return "I64";
-    case DType::I32: return "I32";
-    case DType::I16: return "I16";
-    case DType::I8: return "I8";
-    case DType::U8: return "U8";
-    case DType::BOOL: return "BOOL";
+    case DType::F64:
+      return "F64";
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::BF16:
+      return "BF16";
+    case DType::I64:
+      return "I64";
+    case DType::I32:
+      return "I32";
+    case DType::I16:
+      return "I16";
+    case DType::I8:
+      return "I8";
+    case DType::U8:
+      return "U8";
+    case DType::BOOL:
+      return "BOOL";
   }
   return "?";
 }
 
 inline constexpr std::size_t dtype_size(DType d) {
   switch (d) {
-    case DType::F64: case DType::I64: return 8;
-    case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: case DType::I16: return 2;
-    case DType::I8: case DType::U8: case DType::BOOL: return 1;
+    case DType::F64:
+    case DType::I64:
+      return 8;
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+    case DType::I16:
+      return 2;
+    case DType::I8:
+    case DType::U8:
+    case DType::BOOL:
+      return 1;
   }
   return 0;
 }
@@ -269,7 +289,8 @@ class SafetensorsFile {
     };
     if constexpr (std::is_floating_point_v<T>) {
       switch (t.dtype) {
-        case DType::F64: return each(double{}, [](double v) { return static_cast<T>(v); });
+        case DType::F64:
+          return each(double{}, [](double v) { return static_cast<T>(v); });
         case DType::F32:
           if constexpr (std::is_same_v<T, float>) {
             if (n) std::memcpy(dst, src, n * sizeof(float));
@@ -277,14 +298,22 @@ class SafetensorsFile {
           } else {
             return each(float{}, [](float v) { return static_cast<T>(v); });
           }
-        case DType::F16: return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(half_to_float(v)); });
-        case DType::BF16: return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(bf16_to_float(v)); });
-        case DType::I64: return each(std::int64_t{}, [](std::int64_t v) { return static_cast<T>(v); });
-        case DType::I32: return each(std::int32_t{}, [](std::int32_t v) { return static_cast<T>(v); });
-        case DType::I16: return each(std::int16_t{}, [](std::int16_t v) { return static_cast<T>(v); });
-        case DType::I8: return each(std::int8_t{}, [](std::int8_t v) { return static_cast<T>(v); });
-        case DType::U8: return each(std::uint8_t{}, [](std::uint8_t v) { return static_cast<T>(v); });
-        case DType::BOOL: return each(std::uint8_t{}, [](std::uint8_t v) { return static_cast<T>(v != 0); });
+        case DType::F16:
+          return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(half_to_float(v)); });
+        case DType::BF16:
+          return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(bf16_to_float(v)); });
+        case DType::I64:
+          return each(std::int64_t{}, [](std::int64_t v) { return static_cast<T>(v); });
+        case DType::I32:
+          return each(std::int32_t{}, [](std::int32_t v) { return static_cast<T>(v); });
+        case DType::I16:
+          return each(std::int16_t{}, [](std::int16_t v) { return static_cast<T>(v); });
+        case DType::I8:
+          return each(std::int8_t{}, [](std::int8_t v) { return static_cast<T>(v); });
+        case DType::U8:
+          return each(std::uint8_t{}, [](std::uint8_t v) { return static_cast<T>(v); });
+        case DType::BOOL:
+          return each(std::uint8_t{}, [](std::uint8_t v) { return static_cast<T>(v != 0); });
       }
     } else {
       if (!dtype_is_integer(t.dtype))
@@ -297,13 +326,20 @@ class SafetensorsFile {
       };
       auto widen = [](auto v) { return static_cast<T>(v); };  // I16, I8 and U8 fit every target
       switch (t.dtype) {
-        case DType::I64: return each(std::int64_t{}, narrow);
-        case DType::I32: return each(std::int32_t{}, narrow);
-        case DType::I16: return each(std::int16_t{}, widen);
-        case DType::I8: return each(std::int8_t{}, widen);
-        case DType::U8: return each(std::uint8_t{}, widen);
-        case DType::BOOL: return each(std::uint8_t{}, [](std::uint8_t v) { return static_cast<T>(v != 0); });
-        default: return;  // floating dtypes were refused above
+        case DType::I64:
+          return each(std::int64_t{}, narrow);
+        case DType::I32:
+          return each(std::int32_t{}, narrow);
+        case DType::I16:
+          return each(std::int16_t{}, widen);
+        case DType::I8:
+          return each(std::int8_t{}, widen);
+        case DType::U8:
+          return each(std::uint8_t{}, widen);
+        case DType::BOOL:
+          return each(std::uint8_t{}, [](std::uint8_t v) { return static_cast<T>(v != 0); });
+        default:
+          return;  // floating dtypes were refused above
       }
     }
   }
@@ -324,11 +360,11 @@ class SafetensorsFile {
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | std::to_integer<std::uint64_t>(file[std::size_t(i)]);
     if (n > detail::kMaxHeaderBytes)
-      fail("header length " + std::to_string(n) + " exceeds the limit of " +
-           std::to_string(detail::kMaxHeaderBytes) + " bytes");
+      fail("header length " + std::to_string(n) + " exceeds the limit of " + std::to_string(detail::kMaxHeaderBytes) +
+           " bytes");
     if (n > file.size() - 8)
-      fail("header length " + std::to_string(n) + " runs past the end of the file (" +
-           std::to_string(file.size() - 8) + " bytes after the length prefix)");
+      fail("header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(file.size() - 8) +
+           " bytes after the length prefix)");
     return n;
   }
 
@@ -403,8 +439,7 @@ class SafetensorsFile {
   /// One header entry, checked field by field; `t` ("tensor '<name>' ") starts every message.
   TensorInfo parse_entry(const std::string& name, const nlohmann::json& e) const {
     const std::string t = "tensor '" + name + "' ";
-    if (!e.is_object() || e.size() != 3 || !e.contains("dtype") || !e.contains("shape") ||
-        !e.contains("data_offsets"))
+    if (!e.is_object() || e.size() != 3 || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
       fail(t + "entry must be an object with exactly the keys dtype, shape and data_offsets");
     TensorInfo info;
     info.name = name;
@@ -413,9 +448,8 @@ class SafetensorsFile {
     const std::uint64_t bytes = entry_bytes(t, info.shape, info.dtype);
     const auto [begin, end] = entry_range(t, e["data_offsets"]);
     if (end - begin != bytes)
-      fail(t + "shape " + shape_string(info.shape) + " with dtype " + std::string(dtype_name(info.dtype)) +
-           " needs " + std::to_string(bytes) + " bytes, but " + range_string(begin, end) + " span " +
-           std::to_string(end - begin));
+      fail(t + "shape " + shape_string(info.shape) + " with dtype " + std::string(dtype_name(info.dtype)) + " needs " +
+           std::to_string(bytes) + " bytes, but " + range_string(begin, end) + " span " + std::to_string(end - begin));
     info.offset = begin;
     info.size = end - begin;
     return info;
@@ -571,17 +605,15 @@ class SafetensorsWriter {
     if (!metadata_.empty()) h["__metadata__"] = metadata_;
     std::uint64_t offset = 0;
     for (const auto& [name, e] : tensors_) {
-      h[name] = {{"dtype", dtype_name(e.dtype)},
-                 {"shape", e.shape},
-                 {"data_offsets", {offset, offset + e.data.size()}}};
+      h[name] = {
+          {"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + e.data.size()}}};
       offset += e.data.size();
     }
     std::string s;
     try {
       s = h.dump();
     } catch (const nlohmann::json::exception& ex) {
-      throw InvalidArgument(std::string("SafetensorsWriter: tensor name or metadata is not valid UTF-8: ") +
-                            ex.what());
+      throw InvalidArgument(std::string("SafetensorsWriter: tensor name or metadata is not valid UTF-8: ") + ex.what());
     }
     s.resize((s.size() + 7) / 8 * 8, ' ');
     return s;

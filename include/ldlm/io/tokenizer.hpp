@@ -172,7 +172,7 @@ inline std::optional<Utf8Error> find_invalid_utf8(std::string_view s) {
       if (b == 0xF0) lo = 0x90;
       if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
     } else {
-      const char* why = b < 0xC0 ? "a continuation byte without a lead byte"
+      const char* why = b < 0xC0   ? "a continuation byte without a lead byte"
                         : b < 0xC2 ? "the lead byte of an overlong encoding"
                                    : "not a UTF-8 byte";
       return Utf8Error{i, "byte " + hex_byte(b) + " is " + why};
@@ -184,11 +184,12 @@ inline std::optional<Utf8Error> find_invalid_utf8(std::string_view s) {
       const unsigned char c = p[i + k];
       const unsigned char min = k == 1 ? lo : 0x80, max = k == 1 ? hi : 0xBF;
       if (c < min || c > max)
-        return Utf8Error{i, "byte " + hex_byte(c) + " cannot follow " + hex_byte(b) +
-                                (k > 1 ? " ... " : " ") + "in a well-formed sequence" +
-                                (k == 1 && c >= 0x80 && c <= 0xBF
-                                     ? (b == 0xED ? " (a surrogate)" : b == 0xF4 ? " (above U+10FFFF)" : " (overlong)")
-                                     : std::string())};
+        return Utf8Error{i, "byte " + hex_byte(c) + " cannot follow " + hex_byte(b) + (k > 1 ? " ... " : " ") +
+                                "in a well-formed sequence" +
+                                (k == 1 && c >= 0x80 && c <= 0xBF ? (b == 0xED   ? " (a surrogate)"
+                                                                     : b == 0xF4 ? " (above U+10FFFF)"
+                                                                                 : " (overlong)")
+                                                                  : std::string())};
     }
     i += len;
   }
@@ -292,13 +293,14 @@ class Gpt2Pattern {
       int rc = pattern_.jit_ ? pcre2_jit_match_8(pattern_.code_, subject, text.size(), pos, 0, data_, nullptr)
                              : PCRE2_ERROR_JIT_BADOPTION;
       if (rc < 0)  // no JIT, or its stack ran out: the interpreter keeps its frames on the heap
-        rc = pcre2_match_8(pattern_.code_, subject, text.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, data_,
-                           nullptr);
+        rc =
+            pcre2_match_8(pattern_.code_, subject, text.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, data_, nullptr);
       if (rc < 0)
         throw Error("Tokenizer::encode: PCRE2 failed to match GPT-2's pattern at byte offset " + std::to_string(pos) +
                     ": " + error_text(rc));
       const PCRE2_SIZE end = pcre2_get_ovector_pointer_8(data_)[1];
-      if (end <= pos) throw Error("Tokenizer::encode: GPT-2's pattern matched nothing at byte offset " + std::to_string(pos));
+      if (end <= pos)
+        throw Error("Tokenizer::encode: GPT-2's pattern matched nothing at byte offset " + std::to_string(pos));
       return end;
     }
 
@@ -435,8 +437,10 @@ struct Source {
 inline std::string read_file(const std::filesystem::path& path) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status)) throw IoError("tokenizer: cannot open '" + path.string() + "': no such file");
-  if (!std::filesystem::is_regular_file(status)) throw IoError("tokenizer: '" + path.string() + "' is not a regular file");
+  if (ec || !std::filesystem::exists(status))
+    throw IoError("tokenizer: cannot open '" + path.string() + "': no such file");
+  if (!std::filesystem::is_regular_file(status))
+    throw IoError("tokenizer: '" + path.string() + "' is not a regular file");
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw IoError("tokenizer: cannot open '" + path.string() + "': " + std::strerror(errno));
   std::string out;
@@ -528,10 +532,12 @@ inline nlohmann::json parse_json(const Source& src) {
   auto check = [&](int depth, json::parse_event_t event, json& value) {
     const auto d = static_cast<std::size_t>(depth);
     if (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) {
-      if (depth >= kMaxJsonDepth) src.fail("", "JSON is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      if (depth >= kMaxJsonDepth)
+        src.fail("", "JSON is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
       if (event == json::parse_event_t::object_start) keys[d + 1].clear();
     } else if (event == json::parse_event_t::key && !keys[d].insert(value.get<std::string>()).second) {
-      src.fail("", "duplicate key " + quote(value.get<std::string>()) + " in an object at depth " + std::to_string(depth));
+      src.fail("",
+               "duplicate key " + quote(value.get<std::string>()) + " in an object at depth " + std::to_string(depth));
     }
     return true;
   };
@@ -613,8 +619,8 @@ inline MergeList parse_merges_text(const Source& src) {
   src.check_size();
   if (auto bad = find_invalid_utf8(src.text)) {
     const auto line = 1 + std::count(src.text.begin(), src.text.begin() + std::ptrdiff_t(bad->offset), '\n');
-    src.fail("line " + std::to_string(line), "not valid UTF-8 at byte offset " + std::to_string(bad->offset) + ": " +
-                                                 bad->reason);
+    src.fail("line " + std::to_string(line),
+             "not valid UTF-8 at byte offset " + std::to_string(bad->offset) + ": " + bad->reason);
   }
   MergeList merges;
   std::size_t line_no = 0, blank_line = 0;
@@ -635,7 +641,8 @@ inline MergeList parse_merges_text(const Source& src) {
                "empty line before more merges (line " + std::to_string(line_no) + ")");
     MergeText m{{}, {}, line_no};
     if (!split_merge(line, m))
-      src.fail("line " + std::to_string(line_no), "expected 'LEFT RIGHT' (two tokens and one space), found " + quote(line));
+      src.fail("line " + std::to_string(line_no),
+               "expected 'LEFT RIGHT' (two tokens and one space), found " + quote(line));
     merges.items.push_back(m);
   }
   return merges;
@@ -688,7 +695,8 @@ inline const nlohmann::json& byte_level_bpe_model(const Source& src, const nlohm
     src.fail("normalizer", "expected null (GPT-2 does not normalize text), found " + json_summary(*n));
   if (const auto p = root.find("pre_tokenizer"); p != root.end() && !p->is_null()) {
     if (!p->is_object() || p->value("type", json()) != "ByteLevel")
-      src.fail("pre_tokenizer", "expected {\"type\": \"ByteLevel\"} (GPT-2's pre-tokenization), found " + json_summary(*p));
+      src.fail("pre_tokenizer",
+               "expected {\"type\": \"ByteLevel\"} (GPT-2's pre-tokenization), found " + json_summary(*p));
     if (p->value("add_prefix_space", json(false)) != false)
       src.fail("pre_tokenizer.add_prefix_space", "expected false (GPT-2 adds no space before the text)");
     if (p->value("use_regex", json(true)) != true)
@@ -746,7 +754,8 @@ class Tokenizer {
     if (!fs::is_directory(dir, ec)) throw IoError("tokenizer: '" + dir + "' is not a directory" + expected);
     const fs::path root(dir);
     auto exists = [&](const char* name) { return fs::exists(root / name, ec); };
-    for (const auto& [vocab, merges] : {std::pair{"encoder.json", "vocab.bpe"}, std::pair{"vocab.json", "merges.txt"}}) {
+    for (const auto& [vocab, merges] :
+         {std::pair{"encoder.json", "vocab.bpe"}, std::pair{"vocab.json", "merges.txt"}}) {
       const bool has_vocab = exists(vocab), has_merges = exists(merges);
       if (!has_vocab && !has_merges) continue;
       if (!has_vocab || !has_merges)
@@ -840,11 +849,11 @@ class Tokenizer {
   }
 
   struct Data {
-    std::string arena;                    // the bytes of every token, in id order
-    std::vector<std::uint32_t> offsets;   // token id spans arena[offsets[id], offsets[id + 1])
-    std::vector<std::int32_t> rank;       // merge line that creates the token; -1 for bytes and unmergeable tokens
+    std::string arena;                   // the bytes of every token, in id order
+    std::vector<std::uint32_t> offsets;  // token id spans arena[offsets[id], offsets[id + 1])
+    std::vector<std::int32_t> rank;      // merge line that creates the token; -1 for bytes and unmergeable tokens
     std::array<std::int32_t, 256> byte_token{};
-    detail::tok::BytesIndex mergeable;    // bytes -> id of the byte tokens and every merge result
+    detail::tok::BytesIndex mergeable;  // bytes -> id of the byte tokens and every merge result
   };
 
   /// Reused buffers of one encode() call.
@@ -863,13 +872,12 @@ class Tokenizer {
   };
 
   /// `vocab_label` names the vocabulary in merge errors ("encoder.json", "model.vocab").
-  Tokenizer(std::vector<std::string> tokens, const detail::tok::MergeList& merges,
-            const detail::tok::Source& vocab_src, const detail::tok::Source& merges_src, const std::string& vocab_label)
+  Tokenizer(std::vector<std::string> tokens, const detail::tok::MergeList& merges, const detail::tok::Source& vocab_src,
+            const detail::tok::Source& merges_src, const std::string& vocab_label)
       : data_(build(std::move(tokens), merges, vocab_src, merges_src, vocab_label)),
         cache_(std::make_shared<detail::tok::BpeCache>()) {}
 
-  static std::shared_ptr<const Data> build(std::vector<std::string> tokens,
-                                           const detail::tok::MergeList& merge_list,
+  static std::shared_ptr<const Data> build(std::vector<std::string> tokens, const detail::tok::MergeList& merge_list,
                                            const detail::tok::Source& vocab_src, const detail::tok::Source& merges_src,
                                            const std::string& vocab_label) {
     using detail::tok::quote;
@@ -927,7 +935,8 @@ class Tokenizer {
     for (std::size_t i = 0; i < merges.size(); ++i) {
       const auto& m = merges[i];
       const auto fail = [&](const std::string& what) {
-        merges_src.fail(merge_list.where(i), "merge " + quote(std::string(m.left) + " " + std::string(m.right)) + ": " + what);
+        merges_src.fail(merge_list.where(i),
+                        "merge " + quote(std::string(m.left) + " " + std::string(m.right)) + ": " + what);
       };
       std::string joined;
       for (const std::string_view part : {m.left, m.right}) {
@@ -937,14 +946,16 @@ class Tokenizer {
           fail("character " + detail::tok::code_point_name(bad) + " in " + quote(part) +
                " is not one of GPT-2's 256 byte-level characters");
         if (d->mergeable.find(d->arena, *bytes) < 0)
-          fail("part " + quote(part) + (all.find(d->arena, *bytes) < 0 ? " is not in " + vocab_label
-                                                                       : " is neither a byte nor made by an earlier merge"));
+          fail("part " + quote(part) +
+               (all.find(d->arena, *bytes) < 0 ? " is not in " + vocab_label
+                                               : " is neither a byte nor made by an earlier merge"));
         joined += *bytes;
       }
       const std::int32_t id = all.find(d->arena, joined);
       if (id < 0) fail("the result " + quote(bl.text(joined)) + " is not in " + vocab_label);
       const auto slot = static_cast<std::size_t>(id);
-      if (d->rank[slot] >= 0) fail("the result " + quote(bl.text(joined)) + " is already made by " + merge_list.where(made_by[slot]));
+      if (d->rank[slot] >= 0)
+        fail("the result " + quote(bl.text(joined)) + " is already made by " + merge_list.where(made_by[slot]));
       d->rank[slot] = static_cast<std::int32_t>(i);
       made_by[slot] = i;
       d->mergeable.insert(d->arena, d->offsets[slot], static_cast<std::uint32_t>(joined.size()), id);

@@ -130,7 +130,6 @@ struct FilteredModule {
 };
 }  // namespace detail
 
-
 /// Fills one module of `model` ("feature_model", "encoder", "latent_decoder",
 /// "token_decoder" or "denoiser") from a full-model file; the tensors of other
 /// modules are ignored. A generated feature model is regenerated from its seed.

@@ -28,8 +28,8 @@ void check_activation_shape(std::string_view module, std::string_view tensor, co
   check_shape(module, tensor, {-1, -1, c.d_model}, shape_of(x));
   if (x.dimension(0) < 1 || x.dimension(1) < 1 || x.dimension(1) > c.max_positions)
     throw ShapeError(std::string(module) + ": tensor '" + std::string(tensor) + "' has shape " +
-                     shape_string(shape_of(x)) + "; need B >= 1 and 1 <= T <= max_positions = " +
-                     std::to_string(c.max_positions));
+                     shape_string(shape_of(x)) +
+                     "; need B >= 1 and 1 <= T <= max_positions = " + std::to_string(c.max_positions));
   check_batch_fits(module, x.dimension(0), x.dimension(1), c);
 }
 

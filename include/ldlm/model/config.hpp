@@ -110,13 +110,17 @@ struct Config {
   /// Throws ConfigError naming the first key whose value is out of range or
   /// inconsistent with the others.
   void validate() const {
-    auto fail = [](const std::string& key, const std::string& why) { throw ConfigError("config: '" + key + "' " + why); };
+    auto fail = [](const std::string& key, const std::string& why) {
+      throw ConfigError("config: '" + key + "' " + why);
+    };
     visit_fields(*this, [&](const char* key, const auto& v) {
       using V = std::decay_t<decltype(v)>;
       if constexpr (std::is_same_v<V, std::int64_t>) {
         const bool may_be_zero = std::string(key).ends_with("_layers") || std::string(key) == "denoiser_blocks";
-        if (v < (may_be_zero ? 0 : 1)) fail(key, "must be " + std::string(may_be_zero ? ">= 0" : ">= 1") + ", got " + std::to_string(v));
-        if (v > max_value(key)) fail(key, "must be <= " + std::to_string(max_value(key)) + ", got " + std::to_string(v));
+        if (v < (may_be_zero ? 0 : 1))
+          fail(key, "must be " + std::string(may_be_zero ? ">= 0" : ">= 1") + ", got " + std::to_string(v));
+        if (v > max_value(key))
+          fail(key, "must be <= " + std::to_string(max_value(key)) + ", got " + std::to_string(v));
       } else if constexpr (std::is_same_v<V, double>) {
         if (!std::isfinite(v) || v < 0) fail(key, "must be a finite number >= 0, got " + nlohmann::json(v).dump());
       }
@@ -127,8 +131,8 @@ struct Config {
     if (head_dim % 2 != 0) fail("head_dim", "must be even for rotary, got " + std::to_string(head_dim));
     if (d_model % 2 != 0) fail("d_model", "must be even for the timestep embedding, got " + std::to_string(d_model));
     if (gpt2_feature_layers > gpt2_layers)
-      fail("gpt2_feature_layers", "must be <= gpt2_layers (" + std::to_string(gpt2_layers) + "), got " +
-                                      std::to_string(gpt2_feature_layers));
+      fail("gpt2_feature_layers",
+           "must be <= gpt2_layers (" + std::to_string(gpt2_layers) + "), got " + std::to_string(gpt2_feature_layers));
     if (layer_norm_eps <= 0) fail("layer_norm_eps", "must be > 0");
     if (rms_norm_eps <= 0) fail("rms_norm_eps", "must be > 0");
     if (rope_base <= 1) fail("rope_base", "must be > 1");
@@ -190,8 +194,9 @@ struct Config {
     std::string key;  // the top-level key whose value is being parsed
     auto flat = [&](int depth, json::parse_event_t event, json& value) {
       if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth > 0)
-        throw ConfigError("config " + origin + ": " + (key.empty() ? "" : "'" + key + "' must be a number or a boolean, ") +
-                          "got a nested JSON " + (event == json::parse_event_t::array_start ? "array" : "object") +
+        throw ConfigError("config " + origin + ": " +
+                          (key.empty() ? "" : "'" + key + "' must be a number or a boolean, ") + "got a nested JSON " +
+                          (event == json::parse_event_t::array_start ? "array" : "object") +
                           " (nested objects and arrays are not allowed)");
       if (event == json::parse_event_t::key && depth == 1) {
         key = value.get<std::string>();

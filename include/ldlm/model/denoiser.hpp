@@ -109,8 +109,8 @@ class Denoiser {
   void condition(Context& ctx, const S* t, Index B, MatRef<S> c) const {
     Arena::Scope scope(ctx.arena());
     const Index d = config.d_model;
-    MatrixMap<S> emb(ctx.arena().allocate<S>(B * d), B, d);          // [B, d]
-    MatrixMap<S> h(ctx.arena().allocate<S>(B * 2 * d), B, 2 * d);    // [B, 2d]
+    MatrixMap<S> emb(ctx.arena().allocate<S>(B * d), B, d);        // [B, d]
+    MatrixMap<S> h(ctx.arena().allocate<S>(B * 2 * d), B, 2 * d);  // [B, 2d]
     timestep_embedding<S>(t, B, config.time_max_period, config.time_embedding_flip, emb);
     time_fc1.forward(ctx, emb, h);
     silu_inplace(h.data(), h.size());

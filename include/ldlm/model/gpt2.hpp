@@ -34,7 +34,7 @@ class GPT2Features {
 
   Config config;
   Parameter<S> wte, wpe;  // [V, d], [max_positions, d]; state dict wte.weight, wpe.weight
-  std::vector<Block> h;  // state dict h.{i}, Hugging Face's name for GPT-2's blocks
+  std::vector<Block> h;   // state dict h.{i}, Hugging Face's name for GPT-2's blocks
   nn::LayerNorm<S> ln_f;
 
   explicit GPT2Features(const Config& c = Config{})
@@ -97,9 +97,9 @@ class GPT2Features {
     check_batch_fits("feature_model", B, T, config);
     for (Index i = 0; i < tokens.size(); ++i)
       if (tokens.data()[i] < 0 || tokens.data()[i] >= config.vocab_size)
-        throw InvalidArgument("feature_model: tensor 'tokens' has id " + std::to_string(tokens.data()[i]) +
-                              " at [" + std::to_string(i / T) + ", " + std::to_string(i % T) +
-                              "], outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
+        throw InvalidArgument("feature_model: tensor 'tokens' has id " + std::to_string(tokens.data()[i]) + " at [" +
+                              std::to_string(i / T) + ", " + std::to_string(i % T) + "], outside the vocabulary [0, " +
+                              std::to_string(config.vocab_size) + ")");
   }
 };
 

@@ -27,12 +27,7 @@ class LDLM {
 
   /// Records every shape; allocates nothing (see init_parameters / load_checkpoint).
   explicit LDLM(const Config& c = Config{})
-      : config((c.validate(), c)),
-        feature_model(c),
-        encoder(c),
-        latent_decoder(c),
-        token_decoder(c),
-        denoiser(c) {}
+      : config((c.validate(), c)), feature_model(c), encoder(c), latent_decoder(c), token_decoder(c), denoiser(c) {}
 
   template <class F>
   void visit(const std::string& prefix, F&& f);
@@ -131,7 +126,8 @@ inline ParameterCounts count_parameters(const Config& c) { return count_paramete
 inline std::vector<ModuleParameters> analytic_parameter_table(const Config& c) {
   const std::int64_t d = c.d_model, h = c.mlp_hidden(), P = c.max_positions, V = c.vocab_size;
   const std::int64_t ffn = 2 * d + d * h + h + h * d + d;
-  const std::int64_t latent_attn = 2 * d + d * d + 2 * (2 * d * d) + (c.latent_attention_qk_norm ? 2 * c.head_dim : 0) + d * d;
+  const std::int64_t latent_attn =
+      2 * d + d * d + 2 * (2 * d * d) + (c.latent_attention_qk_norm ? 2 * c.head_dim : 0) + d * d;
   const std::int64_t scale_mask = 2;
   const std::int64_t gpt2_block = 4 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d);
   const std::int64_t ddit_block = 2 * d + 3 * d * d + d * d + (d * h + h) + (h * d + d) + (6 * d * d + 6 * d);
@@ -139,7 +135,8 @@ inline std::vector<ModuleParameters> analytic_parameter_table(const Config& c) {
   return {
       {"feature_model", {0, V * d + P * d + c.gpt2_layers * gpt2_block + 2 * d}},
       {"encoder", {2 * P * d + 2 * d + c.encoder_layers * (latent_attn + ffn), 0}},
-      {"latent_decoder", {P * d + ffn + scale_mask + c.latent_decoder_layers * (latent_attn + ffn + 2 * scale_mask), d}},
+      {"latent_decoder",
+       {P * d + ffn + scale_mask + c.latent_decoder_layers * (latent_attn + ffn + 2 * scale_mask), d}},
       {"token_decoder", {c.token_decoder_layers * tok_block + d + V * d, 0}},
       {"denoiser",
        {2 * d * d + (2 * d * d + 2 * d) + (2 * d * d + d) + c.denoiser_blocks * ddit_block + d + (2 * d * d + 2 * d) +

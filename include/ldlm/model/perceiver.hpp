@@ -40,9 +40,8 @@ class LatentEncoder {
         positional_emb(c.max_positions, c.d_model),
         latent_norm(c.d_model, c.rms_norm_eps),
         output_norm(c.d_model, c.rms_norm_eps),
-        latent_layers(c.encoder_layers,
-                      Block{nn::LatentAttention<S>(latent_attention_config(c)),
-                            nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps)}) {}
+        latent_layers(c.encoder_layers, Block{nn::LatentAttention<S>(latent_attention_config(c)),
+                                              nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps)}) {}
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {

@@ -37,10 +37,10 @@ class TokenDecoder {
 
   explicit TokenDecoder(const Config& c = Config{})
       : config(c),
-        blocks(c.token_decoder_layers,
-               Block{nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps), nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps),
-                     nn::SelfAttention<S>(token_decoder_attention_config(c)),
-                     nn::SwiGLU<S>(c.d_model, c.token_decoder_mlp_hidden)}),
+        blocks(c.token_decoder_layers, Block{nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps),
+                                             nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps),
+                                             nn::SelfAttention<S>(token_decoder_attention_config(c)),
+                                             nn::SwiGLU<S>(c.d_model, c.token_decoder_mlp_hidden)}),
         norm_final(c.d_model, c.layer_norm_eps),
         lm_head(c.d_model, c.vocab_size, false) {}
 

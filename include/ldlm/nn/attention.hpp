@@ -78,7 +78,7 @@ struct FusedSelfAttention {
     Arena::Scope scope(ctx.arena());
     const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
-    MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);             // [B*T, d]
+    MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);            // [B*T, d]
     attn_qkv.forward(ctx, x, qkv);
     detail::attend_qkv<S>(ctx, config, attn_qkv.precision(), qkv, B, T, rotary, a);
     attn_out.forward(ctx, a, y);
@@ -111,7 +111,7 @@ struct SelfAttention {
     Arena::Scope scope(ctx.arena());
     const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d] = q | k | v
-    MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);             // [B*T, d]
+    MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);            // [B*T, d]
     q_proj.forward(ctx, x, qkv.middleCols(0, d));
     k_proj.forward(ctx, x, qkv.middleCols(d, d));
     v_proj.forward(ctx, x, qkv.middleCols(2 * d, d));
@@ -144,7 +144,7 @@ struct GPT2Attention {
     Arena::Scope scope(ctx.arena());
     const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
-    MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);             // [B*T, d]
+    MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);            // [B*T, d]
     c_attn.forward(ctx, x, qkv);
     detail::attend_qkv<S>(ctx, config, c_attn.precision(), qkv, B, T, nullptr, a);
     c_proj.forward(ctx, a, y);
@@ -192,11 +192,11 @@ struct LatentAttention {
     Arena::Scope scope(ctx.arena());
     Arena& arena = ctx.arena();
     const Index d = config.d_model, hd = config.head_dim, L = Tq + Tc;
-    MatrixMap<S> cn(arena.allocate<S>(B * Tc * d), B * Tc, d);  // [B*Tc, d]
-    MatrixMap<S> xn(arena.allocate<S>(B * Tq * d), B * Tq, d);  // [B*Tq, d]
-    MatrixMap<S> q(arena.allocate<S>(B * Tq * d), B * Tq, d);   // [B*Tq, d]
+    MatrixMap<S> cn(arena.allocate<S>(B * Tc * d), B * Tc, d);        // [B*Tc, d]
+    MatrixMap<S> xn(arena.allocate<S>(B * Tq * d), B * Tq, d);        // [B*Tq, d]
+    MatrixMap<S> q(arena.allocate<S>(B * Tq * d), B * Tq, d);         // [B*Tq, d]
     MatrixMap<S> kv(arena.allocate<S>(B * L * 2 * d), B * L, 2 * d);  // [B, Tq+Tc, 2d] = k | v
-    MatrixMap<S> a(arena.allocate<S>(B * Tq * d), B * Tq, d);   // [B*Tq, d]
+    MatrixMap<S> a(arena.allocate<S>(B * Tq * d), B * Tq, d);         // [B*Tq, d]
     norm_embeddings.forward(ctx, c, cn);
     norm_latents.forward(ctx, x, xn);
     latents_to_Q.forward(ctx, xn, q);
@@ -208,8 +208,8 @@ struct LatentAttention {
       rms_norm_heads_inplace<S>(ctx, q, 0, config.heads, query_norm.gamma.data(), hd, query_norm.eps);
       rms_norm_heads_inplace<S>(ctx, kv, 0, config.heads, key_norm.gamma.data(), hd, key_norm.eps);
     }
-    attention<S>(ctx, {q.data(), d}, {kv.data(), 2 * d}, {kv.data() + d, 2 * d}, a.data(), d,
-                 config.shape(B, Tq, L), config.kernel_options(latents_to_Q.precision()));
+    attention<S>(ctx, {q.data(), d}, {kv.data(), 2 * d}, {kv.data() + d, 2 * d}, a.data(), d, config.shape(B, Tq, L),
+                 config.kernel_options(latents_to_Q.precision()));
     projector_latents.forward(ctx, a, y);
   }
 };

@@ -35,7 +35,8 @@ class MatmulWeight : public Parameter<S> {
   /// values and computes in double; it has no bf16 mode.
   void pack(Precision precision) {
     if constexpr (std::is_same_v<S, float>) {
-      packed_ = std::make_shared<const PackedMatrix>(PackedMatrix::pack(std::as_const(*this).matrix(), layout_, precision));
+      packed_ =
+          std::make_shared<const PackedMatrix>(PackedMatrix::pack(std::as_const(*this).matrix(), layout_, precision));
       this->release();
     } else if (precision == Precision::bf16) {
       throw InvalidArgument("MatmulWeight::pack: bf16 precision needs a float model, this one computes in double");
@@ -72,7 +73,9 @@ struct Linear {
 
   Linear() = default;
   Linear(Index in, Index out, bool with_bias, Role role = Role::trained)
-      : weight({out, in}, role, WeightLayout::out_in), bias(with_bias ? Shape{out} : Shape{}, role), has_bias(with_bias) {}
+      : weight({out, in}, role, WeightLayout::out_in),
+        bias(with_bias ? Shape{out} : Shape{}, role),
+        has_bias(with_bias) {}
 
   Index in_features() const { return weight.shape()[1]; }
   Index out_features() const { return weight.shape()[0]; }

@@ -108,7 +108,8 @@ struct GPT2MLP {
   /// y must not alias x.
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
-    MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * c_fc.out_features()), x.rows(), c_fc.out_features());  // [rows, h]
+    MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * c_fc.out_features()), x.rows(),
+                   c_fc.out_features());  // [rows, h]
     c_fc.forward(ctx, x, h, per_row_epilogue<S>(gelu_tanh_inplace<S>));
     c_proj.forward(ctx, h, y);
   }

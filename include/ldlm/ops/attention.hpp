@@ -36,8 +36,8 @@ struct AttentionShape {
 };
 
 struct AttentionOptions {
-  double softcap = 0.0;  // c · tanh(s / c) after the 1/sqrt(hd) scale; 0 disables it
-  bool causal = false;   // query i sees keys j <= i (requires Tq == Tk)
+  double softcap = 0.0;                   // c · tanh(s / c) after the 1/sqrt(hd) scale; 0 disables it
+  bool causal = false;                    // query i sees keys j <= i (requires Tq == Tk)
   Precision precision = Precision::fp32;  // of QKᵀ and P·V
 };
 
@@ -103,7 +103,8 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
     MatrixMap<S> P(scratch + static_cast<Index>(worker) * worker_stride, rows, keys);  // [rows, keys]
     std::array<S, kAttentionQueryTile> row_sum;
 
-    attention_product<E, S>(Q, q.row_stride, K, k.row_stride, true, rows, keys, hd, scale, P.data(), keys);  // (Q/√hd) Kᵀ
+    attention_product<E, S>(Q, q.row_stride, K, k.row_stride, true, rows, keys, hd, scale, P.data(),
+                            keys);  // (Q/√hd) Kᵀ
     for (Index r = 0; r < rows; ++r) {
       const Index visible = options.causal ? i0 + r + 1 : keys;
       Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>> row(P.row(r).data(), visible);
@@ -123,7 +124,8 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
     } else {
       attention_product<E, S>(P.data(), keys, V, v.row_stride, false, rows, hd, keys, S(1), O, out_stride);  // exp(P) V
       if (!bf16_probabilities)
-        for (Index r = 0; r < rows; ++r) StridedMap<S>(O + r * out_stride, 1, hd, Eigen::OuterStride<>(hd)) /= row_sum[r];
+        for (Index r = 0; r < rows; ++r)
+          StridedMap<S>(O + r * out_stride, 1, hd, Eigen::OuterStride<>(hd)) /= row_sum[r];
     }
   });
 }
@@ -143,8 +145,8 @@ HeadRows<E> bf16_operand(Context& ctx, HeadRows<float> x, Index rows, Index widt
 }
 
 template <class E>
-void attention_bf16(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, float* out,
-                    Index out_stride, const AttentionShape& s, const AttentionOptions& options) {
+void attention_bf16(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, float* out, Index out_stride,
+                    const AttentionShape& s, const AttentionOptions& options) {
   Arena::Scope scope(ctx.arena());
   const Index width = s.heads * s.head_dim;
   const auto qb = bf16_operand<E>(ctx, q, s.batch * s.q_len, width);
@@ -164,7 +166,8 @@ void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out
     throw ShapeError("attention: causal attention needs as many queries as keys, got Tq = " +
                      std::to_string(shape.q_len) + ", Tk = " + std::to_string(shape.kv_len));
   if (shape.q_len == 0 || shape.kv_len == 0) return;
-  if (options.precision == Precision::fp32) return detail::attention_tiles<S, S>(ctx, q, k, v, out, out_stride, shape, options, false);
+  if (options.precision == Precision::fp32)
+    return detail::attention_tiles<S, S>(ctx, q, k, v, out, out_stride, shape, options, false);
   if constexpr (std::is_same_v<S, float>) {
     if (bf16_operands_native())
       detail::attention_bf16<bf16>(ctx, q, k, v, out, out_stride, shape, options);

@@ -37,7 +37,8 @@ void timestep_embedding(const S* t, Index batch, double max_period, bool flip, M
   const double log_p = std::log(max_period);
   for (Index b = 0; b < batch; ++b) {
     for (Index j = 0; j < half; ++j) {
-      const double arg = static_cast<double>(t[b]) * std::exp(-log_p * static_cast<double>(j) / static_cast<double>(half));
+      const double arg =
+          static_cast<double>(t[b]) * std::exp(-log_p * static_cast<double>(j) / static_cast<double>(half));
       emb(b, flip ? half + j : j) = static_cast<S>(std::cos(arg));
       emb(b, flip ? j : half + j) = static_cast<S>(std::sin(arg));
     }

@@ -165,13 +165,15 @@ class ProductArgs {
   /// A row-major (or, with strides {1, ld}, column-major) matrix at `data`.
   void add(int arg, memory::data_type type, Index rows, Index cols, Index row_stride, Index col_stride,
            const void* data) {
-    bind({arg, static_cast<int>(type), rows, cols, row_stride, col_stride, false}, data,
-         [&] { return memory::desc({rows, cols}, type, Dims{row_stride, col_stride}); });
+    bind({arg, static_cast<int>(type), rows, cols, row_stride, col_stride, false}, data, [&] {
+      return memory::desc({rows, cols}, type, Dims{row_stride, col_stride});
+    });
   }
   /// A packed weight [K, N]: its layout follows from (type, K, N) (packed_weight_desc).
   void add_packed(int arg, const memory::desc& desc, const void* data) {
     const Dims dims = desc.dims();
-    bind({arg, static_cast<int>(desc.data_type()), dims[0], dims[1], 0, 0, /*packed=*/true}, data, [&] { return desc; });
+    bind({arg, static_cast<int>(desc.data_type()), dims[0], dims[1], 0, 0, /*packed=*/true}, data,
+         [&] { return desc; });
   }
   void add_scalar(int arg, const float* value) {
     bind({arg, static_cast<int>(memory::data_type::f32), 1, 0, 0, 0, false}, value,
@@ -243,7 +245,8 @@ inline Matmul& runtime_matmul(memory::data_type type, bool transpose_b, float be
     attr.set_post_ops(ops);
   }
   SerialScope serial;
-  cache.push_back({type, transpose_b, beta, Matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine()))});
+  cache.push_back(
+      {type, transpose_b, beta, Matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine()))});
   return cache.back().matmul;
 }
 
@@ -294,9 +297,10 @@ inline Matmul& packed_matmul(const memory::desc& weights, Index M, bool bias) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   SerialScope serial;
-  cache.push_back({weights, M, bias,
-                   Matmul(dnnl::matmul::primitive_desc(
-                       bias ? dnnl::matmul::desc(a, weights, b, c) : dnnl::matmul::desc(a, weights, c), attr, engine()))});
+  cache.push_back(
+      {weights, M, bias,
+       Matmul(dnnl::matmul::primitive_desc(
+           bias ? dnnl::matmul::desc(a, weights, b, c) : dnnl::matmul::desc(a, weights, c), attr, engine()))});
   return cache.back().matmul;
 }
 
@@ -367,8 +371,9 @@ inline bool bf16_operands_native() {
 inline void gemm_bf16(BF16Rows a, BF16Rows b, bool transpose_b, float alpha, float beta, MatRef<float> c) {
   const Index M = c.rows(), N = c.cols(), K = a.cols;
   if (a.rows != M || (transpose_b ? b.rows != N || b.cols != K : b.rows != K || b.cols != N))
-    throw ShapeError("gemm_bf16: a " + shape_string(Shape{a.rows, a.cols}) + ", b " + shape_string(Shape{b.rows, b.cols}) +
-                     (transpose_b ? " (transposed)" : "") + ", c " + shape_string(Shape{M, N}) + " do not fit");
+    throw ShapeError("gemm_bf16: a " + shape_string(Shape{a.rows, a.cols}) + ", b " +
+                     shape_string(Shape{b.rows, b.cols}) + (transpose_b ? " (transposed)" : "") + ", c " +
+                     shape_string(Shape{M, N}) + " do not fit");
   if (M == 0 || N == 0) return;
 #if defined(LDLM_HAVE_ONEDNN)
   if (bf16_operands_native() && K > 0) {
@@ -442,7 +447,9 @@ class PackedMatrix {
   /// The implementation that multiplies, e.g. "brg:avx512_core_amx" or "eigen".
   const std::string& kernel() const { return kernel_; }
   /// Bytes of the packed weight.
-  std::size_t bytes() const { return plain_ ? static_cast<std::size_t>(plain_->size()) * sizeof(float) : storage_.size(); }
+  std::size_t bytes() const {
+    return plain_ ? static_cast<std::size_t>(plain_->size()) * sizeof(float) : storage_.size();
+  }
 
   /// Scratch bytes multiply() needs for M rows.
   std::size_t scratch_bytes(Index M) const {
@@ -523,7 +530,7 @@ class PackedMatrix {
   bool bf16_operands_ = false;
   std::string kernel_;
   std::shared_ptr<const Matrix<float>> plain_;  // [K, N]: the eigen backend
-  Storage storage_;                              // oneDNN's layout
+  Storage storage_;                             // oneDNN's layout
 #if defined(LDLM_HAVE_ONEDNN)
   detail::onednn::memory::desc desc_;
 #endif
@@ -534,7 +541,9 @@ inline std::string gemm_library() {
 #if defined(LDLM_HAVE_ONEDNN)
   if (gemm_backend() == GemmBackend::onednn) {
     const dnnl_version_t* v = dnnl_version();
-    const char* runtime = v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : v->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential" : "other";
+    const char* runtime = v->cpu_runtime == DNNL_RUNTIME_OMP   ? "OpenMP"
+                          : v->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential"
+                                                               : "other";
     return "onednn (oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
            std::to_string(v->patch) + ", " + runtime + " runtime, one thread per call under ldlm's pool)";
   }
@@ -545,7 +554,7 @@ inline std::string gemm_library() {
 
 /// What multiplies in this process, for `ldlm info` and the benchmarks.
 struct GemmPaths {
-  std::string backend;     // "onednn" or "eigen"
+  std::string backend;      // "onednn" or "eigen"
   std::string fp32_linear;  // kernel of packed fp32 weights
   std::string fp32_attention;
   std::string bf16_linear;  // kernel of packed bf16 weights ("... (bf16-rounded fp32)" when emulated)
@@ -563,8 +572,8 @@ inline GemmPaths gemm_paths() {
   if (gemm_backend() == GemmBackend::onednn) {
     namespace dd = detail::onednn;
     p.fp32_attention = dd::runtime_matmul(dd::memory::data_type::f32, true, 0.0f).kernel;
-    p.bf16_attention = bf16_operands_native() ? dd::runtime_matmul(dd::memory::data_type::bf16, true, 0.0f).kernel
-                                              : p.fp32_attention;
+    p.bf16_attention =
+        bf16_operands_native() ? dd::runtime_matmul(dd::memory::data_type::bf16, true, 0.0f).kernel : p.fp32_attention;
   }
 #endif
   if (!bf16_operands_native()) {

@@ -35,7 +35,7 @@ void layer_norm_gain(Context& ctx, ConstMatRef<S> x, const S* gamma, float eps, 
   const Index n = x.cols();
   detail::check_norm_shapes("layer_norm_gain", n, y.rows(), x.rows(), y.cols(), n);
   for_each_row(ctx, x.rows(),
-                       [&](Index r) { detail::layer_norm_gain_row(x.row(r).data(), gamma, eps, n, y.row(r).data()); });
+               [&](Index r) { detail::layer_norm_gain_row(x.row(r).data(), gamma, eps, n, y.row(r).data()); });
 }
 
 /// torch.nn.LayerNorm with weight and bias, computed in S.

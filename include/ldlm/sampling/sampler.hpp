@@ -94,8 +94,8 @@ inline void check_sampling_arguments(std::string_view op, const Config& c, Index
 namespace detail {
 /// sample_latents after check_sampling_arguments: the caller has checked B, T and steps.
 template <class S>
-void sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
-                            const SamplerOptions& options, std::type_identity_t<MatRef<S>> z) {
+void sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options,
+                            std::type_identity_t<MatRef<S>> z) {
   const Config& c = denoiser.config;
   const Index rows = B * T, d = c.d_model, n = rows * d;
   check_shape("sample", "z", {rows, d}, Shape{z.rows(), z.cols()});
