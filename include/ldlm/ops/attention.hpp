@@ -63,6 +63,38 @@ void attention_product(const E* a, Index lda, const E* b, Index ldb, bool transp
   }
 }
 
+/// Queries per task: kAttentionQueryTile, halved (down to kAttentionMinQueryTile)
+/// while there would be fewer than four tasks per thread.
+inline Index attention_query_tile(const Context& ctx, const AttentionShape& shape) {
+  Index tile_rows = std::min(kAttentionQueryTile, shape.q_len);
+  while (tile_rows > kAttentionMinQueryTile &&
+         shape.batch * shape.heads * ((shape.q_len + tile_rows - 1) / tile_rows) < 4 * ctx.threads())
+    tile_rows /= 2;
+  return tile_rows;
+}
+
+/// Turns a tile's scores P [rows, keys] into exp(capped − max) row by row (queries
+/// first_query + r; a causal row sees keys up to its own position, the rest become
+/// 0) and records each row's sum. With `bf16_probabilities` each row is normalised
+/// and rounded to bf16: into `probabilities` ([rows, keys] of E) when E is bf16,
+/// else in place.
+template <class S, class E>
+void exponentiate_tile_scores(MatrixMap<S> P, Index first_query, bool causal, S cap, bool bf16_probabilities,
+                              E* probabilities, S* row_sum) {
+  const Index rows = P.rows(), keys = P.cols();
+  for (Index r = 0; r < rows; ++r) {
+    const Index visible = causal ? first_query + r + 1 : keys;
+    row_sum[r] = exp_shifted_capped(P.row(r).data(), visible, cap);
+    P.row(r).tail(keys - visible).setZero();  // masked keys: exp(-inf) = 0
+    if (!bf16_probabilities) continue;
+    P.row(r) *= S(1) / row_sum[r];
+    if constexpr (!std::is_same_v<E, S>)
+      to_bf16(P.row(r).data(), keys, probabilities + r * keys);
+    else if constexpr (std::is_same_v<S, float>)
+      round_to_bf16(P.row(r).data(), keys, P.row(r).data());
+  }
+}
+
 /// The tile loop over operands of type E. With `bf16_probabilities`, each softmax row
 /// is normalised and rounded to bf16 before P·V (as E, or as bf16-valued S when E
 /// is S); otherwise P·V takes exp(s − max) and the 1/Σ waits until the output rows,
@@ -71,9 +103,7 @@ template <class S, class E>
 void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, S* out, Index out_stride,
                      const AttentionShape& shape, const AttentionOptions& options, bool bf16_probabilities) {
   const Index B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, H = shape.heads, hd = shape.head_dim;
-  Index tile_rows = std::min(kAttentionQueryTile, Tq);
-  while (tile_rows > kAttentionMinQueryTile && B * H * ((Tq + tile_rows - 1) / tile_rows) < 4 * ctx.threads())
-    tile_rows /= 2;
+  const Index tile_rows = attention_query_tile(ctx, shape);
   const Index tiles = (Tq + tile_rows - 1) / tile_rows;
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   const S cap = static_cast<S>(options.softcap);
@@ -101,32 +131,16 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
     const E* V = v.data + b * Tk * v.row_stride + h * hd;
     S* O = out + (b * Tq + i0) * out_stride + h * hd;
     MatrixMap<S> P(scratch + static_cast<Index>(worker) * worker_stride, rows, keys);  // [rows, keys]
+    E* P_operand = convert_probabilities ? probabilities + static_cast<Index>(worker) * worker_stride
+                                         : reinterpret_cast<E*>(P.data());
     std::array<S, kAttentionQueryTile> row_sum;
 
     attention_product<E, S>(Q, q.row_stride, K, k.row_stride, true, rows, keys, hd, scale, P.data(),
                             keys);  // (Q/√hd) Kᵀ
-    for (Index r = 0; r < rows; ++r) {
-      const Index visible = options.causal ? i0 + r + 1 : keys;
-      Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>> row(P.row(r).data(), visible);
-      row_sum[r] = exp_shifted_capped(row.data(), visible, cap);
-      P.row(r).tail(keys - visible).setZero();  // masked keys: exp(-inf) = 0
-      if (bf16_probabilities) {
-        row *= S(1) / row_sum[r];
-        if constexpr (convert_probabilities)
-          to_bf16(P.row(r).data(), keys, probabilities + static_cast<Index>(worker) * worker_stride + r * keys);
-        else if constexpr (std::is_same_v<S, float>)
-          round_to_bf16(P.row(r).data(), keys, P.row(r).data());
-      }
-    }
-    if constexpr (convert_probabilities) {
-      attention_product<E, S>(probabilities + static_cast<Index>(worker) * worker_stride, keys, V, v.row_stride, false,
-                              rows, hd, keys, S(1), O, out_stride);
-    } else {
-      attention_product<E, S>(P.data(), keys, V, v.row_stride, false, rows, hd, keys, S(1), O, out_stride);  // exp(P) V
-      if (!bf16_probabilities)
-        for (Index r = 0; r < rows; ++r)
-          StridedMap<S>(O + r * out_stride, 1, hd, Eigen::OuterStride<>(hd)) /= row_sum[r];
-    }
+    exponentiate_tile_scores<S, E>(P, i0, options.causal, cap, bf16_probabilities, P_operand, row_sum.data());
+    attention_product<E, S>(P_operand, keys, V, v.row_stride, false, rows, hd, keys, S(1), O, out_stride);  // P V
+    if (!bf16_probabilities)
+      for (Index r = 0; r < rows; ++r) StridedMap<S>(O + r * out_stride, 1, hd, Eigen::OuterStride<>(hd)) /= row_sum[r];
   });
 }
 
