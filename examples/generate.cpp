@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
-#include <string>
+#include <optional>
 #include <thread>
 
 #include "ldlm/io/checkpoint.hpp"
@@ -20,21 +20,15 @@ int main(int argc, char** argv) try {
   const ldlm::Config config = argc > 2 ? ldlm::Config::load(argv[2]) : ldlm::Config{};
   ldlm::LDLM<float> model(config);  // records shapes only; nothing allocated yet
 
-  if (argc > 1) {
-    const auto file = ldlm::SafetensorsFile::open(argv[1]);
-    auto load = [&](auto& module, const std::string& prefix) {
-      // Scoped: the other modules' tensors in the file are ignored.
-      ldlm::load_parameters(module, file, prefix, ldlm::LoadOptions::scoped(prefix));
-    };
-    load(model.denoiser, "denoiser.");
-    load(model.latent_decoder, "latent_decoder.");
-    load(model.token_decoder, "token_decoder.");
-  } else {
-    std::fprintf(stderr, "no weights given: using generator weights (seed 7), which produce no meaningful text\n");
-    ldlm::init_parameters(model.denoiser, 7, "denoiser.");
-    ldlm::init_parameters(model.latent_decoder, 7, "latent_decoder.");
-    ldlm::init_parameters(model.token_decoder, 7, "token_decoder.");
-  }
+  // The three modules generation runs: from WEIGHTS, where the other modules' tensors
+  // are ignored, or else from the deterministic generator.
+  const std::optional<ldlm::SafetensorsFile> file =
+      argc > 1 ? std::optional(ldlm::SafetensorsFile::open(argv[1])) : std::nullopt;
+  if (!file)
+    std::fprintf(stderr, "no weights given: using generator weights (seed %llu), which produce no meaningful text\n",
+                 static_cast<unsigned long long>(ldlm::kDefaultInitSeed));
+  for (const auto name : {ldlm::Denoiser<>::kName, ldlm::LatentDecoder<>::kName, ldlm::TokenDecoder<>::kName})
+    ldlm::load_or_init_module(model, file, name);
 
   ldlm::Context ctx(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   ldlm::SamplerOptions options;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -13,34 +14,49 @@ namespace ldlm::test {
 
 using NamedOutputs = std::vector<std::pair<std::string, Tensor3<float>>>;
 
-/// The outputs of `module` (feature_model, encoder, latent_decoder, token_decoder,
-/// denoiser or reconstruct) on the inputs file of a dump, named as in the outputs file.
+/// The name that runs the encode-then-decode chain, beside the modules' own names.
+inline constexpr std::string_view kReconstruct = "reconstruct";
+
+/// The outputs of each module on the inputs file of a dump, named as in the outputs file.
+inline NamedOutputs outputs_of(Context& ctx, const GPT2Features<float>& m, const SafetensorsFile& in) {
+  return {{"features", m.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens"))}};
+}
+inline NamedOutputs outputs_of(Context& ctx, const LatentEncoder<float>& m, const SafetensorsFile& in) {
+  return {{"latents", m.forward(ctx, read_tensor<float, 3>(in, "features"))}};
+}
+inline NamedOutputs outputs_of(Context& ctx, const LatentDecoder<float>& m, const SafetensorsFile& in) {
+  return {{"hidden", m.forward(ctx, read_tensor<float, 3>(in, "latents"))}};
+}
+inline NamedOutputs outputs_of(Context& ctx, const TokenDecoder<float>& m, const SafetensorsFile& in) {
+  return {{"logits", m.forward(ctx, read_tensor<float, 3>(in, "hidden"))}};
+}
+inline NamedOutputs outputs_of(Context& ctx, const Denoiser<float>& m, const SafetensorsFile& in) {
+  return {{"x0", m.forward(ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"),
+                           read_tensor<float, 3>(in, "self_cond"))}};
+}
+
+/// The outputs of `module` (one of module_names(), or reconstruct) on the inputs file
+/// of a dump, named as in the outputs file.
 inline NamedOutputs run_module(Context& ctx, const LDLM<float>& m, const std::string& module,
                                const SafetensorsFile& in) {
-  if (module == "feature_model")
-    return {{"features", m.feature_model.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens"))}};
-  if (module == "encoder") return {{"latents", m.encoder.forward(ctx, read_tensor<float, 3>(in, "features"))}};
-  if (module == "latent_decoder")
-    return {{"hidden", m.latent_decoder.forward(ctx, read_tensor<float, 3>(in, "latents"))}};
-  if (module == "token_decoder") return {{"logits", m.token_decoder.forward(ctx, read_tensor<float, 3>(in, "hidden"))}};
-  if (module == "denoiser")
-    return {{"x0", m.denoiser.forward(ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"),
-                                      read_tensor<float, 3>(in, "self_cond"))}};
-  if (module == "reconstruct") {
-    NamedOutputs out;
+  NamedOutputs out;
+  if (module == kReconstruct) {
     out.emplace_back("features", m.feature_model.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens")));
     out.emplace_back("latents", m.encoder.forward(ctx, out.back().second));
     out.emplace_back("hidden", m.latent_decoder.forward(ctx, out.back().second));
     out.emplace_back("logits", m.token_decoder.forward(ctx, out.back().second));
-    return out;
+  } else {
+    with_module(m, module, [&](const auto& part) { out = outputs_of(ctx, part, in); });
   }
-  throw InvalidArgument("run_module: unknown module '" + module + "'");
+  return out;
 }
 
 /// The modules `module` runs (reconstruct: all but the denoiser).
 inline std::vector<std::string> modules_run_by(const std::string& module) {
-  if (module == "reconstruct") return {"feature_model", "encoder", "latent_decoder", "token_decoder"};
-  return {module};
+  if (module != kReconstruct) return {module};
+  std::vector<std::string> modules = module_names();
+  std::erase(modules, std::string(Denoiser<>::kName));
+  return modules;
 }
 
 }  // namespace ldlm::test

@@ -19,6 +19,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -31,10 +32,6 @@
 
 namespace ldlm::cli {
 namespace {
-
-/// Seed of the generator weights used when no --weights is given (the seed of the
-/// model_base reference dumps).
-constexpr std::uint64_t kDefaultInitSeed = 7;
 
 const Option kConfigOption{"config", "C.json",
                            "model configuration (JSON); default: the weights file's own, else ldlm-base"};
@@ -84,6 +81,14 @@ const std::string kModelChoice =
     "gives the generator weights of ldlm-base (or of C): reproducible random weights that\n"
     "show the machinery working, not meaningful text.\n";
 
+/// `before`, the options of the model that kModelChoice describes, then `after`.
+std::vector<Option> with_model_options(std::vector<Option> before, const std::vector<Option>& after = {}) {
+  for (const Option& option : {kWeightsOption, kInitSeedOption, kConfigOption, kPrecisionOption, kThreadsOption})
+    before.push_back(option);
+  before.insert(before.end(), after.begin(), after.end());
+  return before;
+}
+
 int thread_count(const Args& args) {
   const auto cores = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   return static_cast<int>(args.get_int("threads", cores, 1, 1024));
@@ -121,21 +126,15 @@ void run_pair(bool parallel, A&& a, B&& b) {
   if (error) std::rethrow_exception(error);
 }
 
-/// Fills the named modules of `model`: from --weights (a generated feature model is
-/// regenerated from the seed in the file), or else with the deterministic generator
-/// under their full names (--init-seed), so the values equal those of
-/// init_parameters on the whole LDLM. Two groups, on two threads when `parallel`.
+/// Fills the named modules of `model` with load_or_init_module: from --weights, or
+/// else with the generator weights of --init-seed. Two groups, on two threads when
+/// `parallel`.
 void fill_modules(LDLM<float>& model, const Args& args, const std::optional<SafetensorsFile>& weights,
-                  const std::vector<std::string>& first, const std::vector<std::string>& second, bool parallel,
-                  Precision precision) {
+                  const std::vector<std::string_view>& first, const std::vector<std::string_view>& second,
+                  bool parallel, Precision precision) {
   const std::uint64_t seed = args.get_uint("init-seed", kDefaultInitSeed);
-  auto fill = [&](const std::vector<std::string>& names) {
-    for (const auto& name : names) {
-      if (weights)
-        load_module(model, *weights, name, precision);
-      else
-        with_module(model, name, [&](auto& module) { init_parameters(module, seed, name + ".", precision); });
-    }
+  auto fill = [&](const std::vector<std::string_view>& names) {
+    for (const auto name : names) load_or_init_module(model, weights, name, seed, precision);
   };
   run_pair(
       parallel, [&] { fill(first); }, [&] { fill(second); });
@@ -249,6 +248,36 @@ int run_params(const Args& args) {
 // ldlm forward
 // ---------------------------------------------------------------------------
 
+/// The MODULE of `forward` that runs the encode-then-decode chain.
+constexpr std::string_view kReconstructTarget = "reconstruct";
+
+/// What `forward` reads and writes for each module (the table of its help).
+std::string_view forward_io(const GPT2Features<float>&) {
+  return "tokens [B,T] (I64 or I32)            -> features [B,T,d]";
+}
+std::string_view forward_io(const LatentEncoder<float>&) {
+  return "features [B,T,d]                     -> latents [B,T,d]";
+}
+std::string_view forward_io(const LatentDecoder<float>&) {
+  return "latents [B,T,d]                      -> hidden [B,T,d]";
+}
+std::string_view forward_io(const TokenDecoder<float>&) {
+  return "hidden [B,T,d]                       -> logits [B,T,V]";
+}
+std::string_view forward_io(const Denoiser<float>&) { return "x_t [B,T,d], t [B], self_cond [B,T,d] -> x0 [B,T,d]"; }
+
+/// The help table of `forward`: a row per module of the registry, then reconstruct.
+std::string forward_table() {
+  std::string table = "modules (inputs -> outputs):\n";
+  const auto row = [&](std::string_view name, std::string_view io) {
+    table += "  " + std::string(name) + std::string(16 - name.size(), ' ') + std::string(io) + "\n";
+  };
+  const LDLM<float> shapes_only;  // allocates no parameter
+  for_each_module(shapes_only, [&](std::string_view name, const auto& module) { row(name, forward_io(module)); });
+  row(kReconstructTarget, "tokens [B,T]                         -> features, latents, hidden, logits");
+  return table;
+}
+
 const Command kForward{"forward",
                        "run one module on named safetensors inputs",
                        "MODULE",
@@ -259,24 +288,18 @@ const Command kForward{"forward",
                         kConfigOption,
                         kPrecisionOption,
                         kThreadsOption},
-                       "modules (inputs -> outputs):\n"
-                       "  feature_model   tokens [B,T] (I64 or I32)            -> features [B,T,d]\n"
-                       "  encoder         features [B,T,d]                     -> latents [B,T,d]\n"
-                       "  latent_decoder  latents [B,T,d]                      -> hidden [B,T,d]\n"
-                       "  token_decoder   hidden [B,T,d]                       -> logits [B,T,V]\n"
-                       "  denoiser        x_t [B,T,d], t [B], self_cond [B,T,d] -> x0 [B,T,d]\n"
-                       "  reconstruct     tokens [B,T]                         -> features, latents, hidden, logits\n"
-                       "\nWeights carry full prefixed names (e.g. denoiser.blocks.0.norm1.weight); only the\n"
-                       "modules that run are loaded, tensors of other modules in the file are ignored, and\n"
-                       "so are GPT-2's attention buffers (h.<i>.attn.bias, h.<i>.attn.masked_bias). The\n"
-                       "configuration comes from the file's __metadata__ 'ldlm.config' (tools/convert.py\n"
-                       "writes it); --config is needed only for files without one, and must match otherwise.\n"
-                       "The output file carries the configuration too.\n"};
+                       forward_table() +
+                           "\nWeights carry full prefixed names (e.g. denoiser.blocks.0.norm1.weight); only the\n"
+                           "modules that run are loaded, tensors of other modules in the file are ignored, and\n"
+                           "so are GPT-2's attention buffers (h.<i>.attn.bias, h.<i>.attn.masked_bias). The\n"
+                           "configuration comes from the file's __metadata__ 'ldlm.config' (tools/convert.py\n"
+                           "writes it); --config is needed only for files without one, and must match otherwise.\n"
+                           "The output file carries the configuration too.\n"};
 
 /// The MODULE of `forward`: one of module_names(), or "reconstruct" for the chain.
 std::string forward_target(const Args& args) {
   std::vector<std::string> modules = module_names();
-  modules.push_back("reconstruct");
+  modules.emplace_back(kReconstructTarget);
   const std::string& module = args.positionals()[0];
   if (std::find(modules.begin(), modules.end(), module) == modules.end())
     args.fail("unknown module '" + module + "' (expected one of: " + join(modules, ", ") + ")");
@@ -293,37 +316,46 @@ struct ForwardRun {
   Precision precision;
   SafetensorsWriter& out;
 
-  void load(const std::string& module) const { load_module(model, weights, module, precision); }
+  void load(std::string_view module) const { load_module(model, weights, module, precision); }
   void add(const std::string& name, const Tensor3<float>& t) const { out.add(name, shape_of(t), t.data()); }
 };
 
-void forward_feature_model(const ForwardRun& run) {
-  const TokenTensor tokens = run.inputs.tokens("tokens");
-  run.load("feature_model");
-  run.add("features", run.model.feature_model.forward(run.ctx, tokens));
-}
-
 /// A module that maps one [B, T, d] activation to one output.
 template <class Module>
-void forward_one_input(const ForwardRun& run, const std::string& module, const Module& part, const char* input,
-                       const char* output) {
+void forward_one_input(const ForwardRun& run, const Module& part, const char* input, const char* output) {
   const auto x = run.inputs.activation(input, run.model.config.d_model);
-  run.load(module);
+  run.load(Module::kName);
   run.add(output, part.forward(run.ctx, x));
 }
 
-void forward_denoiser(const ForwardRun& run) {
+/// `forward` of each module: read its inputs, load it, run it, write its outputs.
+void forward_part(const ForwardRun& run, const GPT2Features<float>& part) {
+  const TokenTensor tokens = run.inputs.tokens("tokens");
+  run.load(part.kName);
+  run.add("features", part.forward(run.ctx, tokens));
+}
+void forward_part(const ForwardRun& run, const LatentEncoder<float>& part) {
+  forward_one_input(run, part, "features", "latents");
+}
+void forward_part(const ForwardRun& run, const LatentDecoder<float>& part) {
+  forward_one_input(run, part, "latents", "hidden");
+}
+void forward_part(const ForwardRun& run, const TokenDecoder<float>& part) {
+  forward_one_input(run, part, "hidden", "logits");
+}
+void forward_part(const ForwardRun& run, const Denoiser<float>& part) {
   const Index d = run.model.config.d_model;
   const auto x_t = run.inputs.activation("x_t", d);
   const auto t = run.inputs.vector("t", x_t.dimension(0));
   const auto self_cond = run.inputs.activation("self_cond", d);
-  run.load("denoiser");
-  run.add("x0", run.model.denoiser.forward(run.ctx, x_t, t, self_cond));
+  run.load(part.kName);
+  run.add("x0", part.forward(run.ctx, x_t, t, self_cond));
 }
 
 void forward_reconstruct(const ForwardRun& run) {
   const TokenTensor tokens = run.inputs.tokens("tokens");
-  for (const char* part : {"feature_model", "encoder", "latent_decoder", "token_decoder"}) run.load(part);
+  for (const auto part : {GPT2Features<>::kName, LatentEncoder<>::kName, LatentDecoder<>::kName, TokenDecoder<>::kName})
+    run.load(part);
   const auto r = Pipeline<float>(run.model).reconstruct(run.ctx, tokens);
   run.add("features", r.features);
   run.add("latents", r.latents);
@@ -332,19 +364,10 @@ void forward_reconstruct(const ForwardRun& run) {
 }
 
 void forward_module(const ForwardRun& run, const std::string& module) {
-  const LDLM<float>& m = run.model;
-  if (module == "feature_model")
-    forward_feature_model(run);
-  else if (module == "encoder")
-    forward_one_input(run, module, m.encoder, "features", "latents");
-  else if (module == "latent_decoder")
-    forward_one_input(run, module, m.latent_decoder, "latents", "hidden");
-  else if (module == "token_decoder")
-    forward_one_input(run, module, m.token_decoder, "hidden", "logits");
-  else if (module == "denoiser")
-    forward_denoiser(run);
-  else
+  if (module == kReconstructTarget)
     forward_reconstruct(run);
+  else
+    with_module(run.model, module, [&](const auto& part) { forward_part(run, part); });
 }
 
 int run_forward(const Args& args) {
@@ -442,13 +465,14 @@ int run_compare(const Args& args) {
 // ---------------------------------------------------------------------------
 
 /// ldlm-base's vocabulary: GPT-2's 50257 tokens, pad and mask.
-constexpr std::int64_t kDefaultVocabSize = 50259;
+const std::int64_t kDefaultVocabSize = Config{}.vocab_size;
 
 const Option kTokenizerOption{"tokenizer", "DIR", "tokenizer files (see below); default: GPT-2's, built into ldlm"};
 const std::string kTokenizerDetails =
     "--tokenizer DIR reads encoder.json + vocab.bpe (OpenAI), vocab.json + merges.txt or\n"
     "tokenizer.json (Hugging Face). pad and mask follow the files' tokens (GPT-2: ids 50257\n"
-    "and 50258), so GPT-2's vocabulary has 50259 tokens, ldlm-base's V.\n";
+    "and 50258), so GPT-2's vocabulary has " +
+    std::to_string(kDefaultVocabSize) + " tokens, ldlm-base's V.\n";
 const Option kVocabSizeOption{
     "vocab-size", "V",
     "the model's vocabulary size, which the tokenizer must match (default " + std::to_string(kDefaultVocabSize) + ")"};
@@ -511,30 +535,37 @@ void print_samples(std::ostream& out, const std::optional<Tokenizer>& tokenizer,
 // ldlm generate
 // ---------------------------------------------------------------------------
 
-const Command kGenerate{"generate",
-                        "sample token sequences with the diffusion model",
-                        "",
-                        "Sample latents with the denoiser (N Euler steps from pure noise; docs/model.md#sampler),\n"
-                        "decode them and print the text: one sample, or each of --batch samples after a\n"
-                        "'--- sample i of B ---' line. Token ids, one line per sample, with --ids or when no\n"
-                        "tokenizer fits the model's vocabulary (GPT-2's built-in one fits V = 50259).",
-                        {{"length", "T", "tokens per sequence (default 32)"},
-                         {"batch", "B", "number of sequences, 1 to 65536 (default 1)"},
-                         {"steps", "N", "denoiser steps (default 16)"},
-                         {"seed", "S", "noise seed (default 0); the same seed and --threads give the same tokens"},
-                         {"sampler", "sde|ode", "Euler SDE (default) or probability-flow ODE"},
-                         kWeightsOption,
-                         kInitSeedOption,
-                         kConfigOption,
-                         kPrecisionOption,
-                         kThreadsOption,
-                         {"output", "FILE", "write the samples there instead of stdout"},
-                         {"ids", "", "print token ids, one line per sample, instead of text"},
-                         kTokenizerOption},
-                        kModelChoice +
-                            "Generation runs the denoiser, latent_decoder and token_decoder. ldlm-base's\n"
-                            "generator weights (--init-seed 7) allocate about 1 GB and take a few seconds on\n"
-                            "2 cores. On a terminal a progress bar with steps/s is shown on stderr.\n"};
+/// Defaults and bounds of generate's options, which its help quotes.
+constexpr Index kDefaultLength = 32;
+constexpr Index kDefaultBatch = 1;
+constexpr Index kMaxBatch = Index{1} << 16;
+constexpr int kDefaultSteps = 16;
+constexpr int kMaxSteps = 1 << 20;
+
+const Command kGenerate{
+    "generate",
+    "sample token sequences with the diffusion model",
+    "",
+    "Sample latents with the denoiser (N Euler steps from pure noise; docs/model.md#sampler),\n"
+    "decode them and print the text: one sample, or each of --batch samples after a\n"
+    "'--- sample i of B ---' line. Token ids, one line per sample, with --ids or when no\n"
+    "tokenizer fits the model's vocabulary (GPT-2's built-in one fits V = " +
+        std::to_string(kDefaultVocabSize) + ").",
+    with_model_options({{"length", "T", "tokens per sequence (default " + std::to_string(kDefaultLength) + ")"},
+                        {"batch", "B",
+                         "number of sequences, 1 to " + std::to_string(kMaxBatch) + " (default " +
+                             std::to_string(kDefaultBatch) + ")"},
+                        {"steps", "N", "denoiser steps (default " + std::to_string(kDefaultSteps) + ")"},
+                        {"seed", "S", "noise seed (default 0); the same seed and --threads give the same tokens"},
+                        {"sampler", "sde|ode", "Euler SDE (default) or probability-flow ODE"}},
+                       {{"output", "FILE", "write the samples there instead of stdout"},
+                        {"ids", "", "print token ids, one line per sample, instead of text"},
+                        kTokenizerOption}),
+    kModelChoice + "Generation runs the " + std::string(Denoiser<>::kName) + ", " +
+        std::string(LatentDecoder<>::kName) + " and " + std::string(TokenDecoder<>::kName) + ". ldlm-base's\n" +
+        "generator weights (--init-seed " + std::to_string(kDefaultInitSeed) +
+        ") allocate about 1 GB and take a few seconds on\n"
+        "2 cores. On a terminal a progress bar with steps/s is shown on stderr.\n"};
 
 /// Draws "sampling [#####.....] 8/16 steps  3.1 steps/s" on stderr.
 class ProgressBar {
@@ -562,7 +593,7 @@ class ProgressBar {
 /// --steps, --seed and --sampler.
 SamplerOptions sampler_options(const Args& args) {
   SamplerOptions options;
-  options.steps = static_cast<int>(args.get_int("steps", 16, 1, 1 << 20));
+  options.steps = static_cast<int>(args.get_int("steps", kDefaultSteps, 1, kMaxSteps));
   options.seed = args.get_uint("seed", 0);
   const std::string sampler = args.get("sampler", "sde");
   if (sampler == "sde")
@@ -590,9 +621,11 @@ int run_generate(const Args& args) {
   args.expect_positionals(0, 0);
   const auto weights = open_model(args);
   const Config config = load_config(args, weights);
-  const Index T = args.get_int("length", 32, 1);
-  const Index B = args.get_int("batch", 1, 1, 1 << 16);
+  const Index T = args.get_int("length", kDefaultLength, 1);
+  const Index B = args.get_int("batch", kDefaultBatch, 1, kMaxBatch);
   SamplerOptions options = sampler_options(args);
+  // Pipeline::generate checks these again; checking them here makes a --length beyond
+  // the model's max_positions fail at once, not after the slow loading of the weights.
   check_sampling_arguments("generate", config, B, T, options.steps);
   const Precision precision = precision_of(args);
   Context ctx(thread_count(args));
@@ -601,7 +634,8 @@ int run_generate(const Args& args) {
   LDLM<float> model(config);
   // The token decoder first: packing its [V, d] lm_head briefly holds its plain values
   // too (154 MB at ldlm-base width), and the peak is lowest while little else is resident.
-  fill_modules(model, args, weights, {"token_decoder", "latent_decoder"}, {"denoiser"}, parallel, precision);
+  fill_modules(model, args, weights, {TokenDecoder<>::kName, LatentDecoder<>::kName}, {Denoiser<>::kName}, parallel,
+               precision);
   if (isatty(STDERR_FILENO)) options.progress = ProgressBar();
   write_samples(args, config, Pipeline<float>(model).generate(ctx, B, T, options));
   return 0;
@@ -611,21 +645,17 @@ int run_generate(const Args& args) {
 // ldlm reconstruct
 // ---------------------------------------------------------------------------
 
-const Command kReconstruct{"reconstruct",
-                           "encode and decode token ids",
-                           "",
-                           "Encode token ids (GPT-2 features, latent encoder) and decode them again (latent\n"
-                           "decoder, token decoder, argmax); print the reconstructed ids, one line per sequence.",
-                           {{"text", "S", "text to reconstruct (tokenized; prints the reconstructed text)"},
-                            {"tokens", "\"1 2 3 ...\"", "token ids; ';' separates sequences of equal length"},
-                            {"inputs", "I.safetensors", "token ids from tensor 'tokens' [B, T] (I64 or I32)"},
-                            kTokenizerOption,
-                            kWeightsOption,
-                            kInitSeedOption,
-                            kConfigOption,
-                            kPrecisionOption,
-                            kThreadsOption},
-                           "Exactly one of --text, --tokens and --inputs.\n" + kModelChoice};
+const Command kReconstruct{
+    "reconstruct",
+    "encode and decode token ids",
+    "",
+    "Encode token ids (GPT-2 features, latent encoder) and decode them again (latent\n"
+    "decoder, token decoder, argmax); print the reconstructed ids, one line per sequence.",
+    with_model_options({{"text", "S", "text to reconstruct (tokenized; prints the reconstructed text)"},
+                        {"tokens", "\"1 2 3 ...\"", "token ids; ';' separates sequences of equal length"},
+                        {"inputs", "I.safetensors", "token ids from tensor 'tokens' [B, T] (I64 or I32)"},
+                        kTokenizerOption}),
+    "Exactly one of --text, --tokens and --inputs.\n" + kModelChoice};
 
 TokenTensor parse_tokens(const Args& args, const std::string& text) {
   std::vector<std::vector<std::int64_t>> rows(1);
@@ -685,8 +715,8 @@ int run_reconstruct(const Args& args) {
   const bool parallel = ctx.threads() > 1;
   LDLM<float> model(config);
   // Large tables first (lm_head, wte), as in generate.
-  fill_modules(model, args, weights, {"token_decoder", "latent_decoder"}, {"feature_model", "encoder"}, parallel,
-               precision);
+  fill_modules(model, args, weights, {TokenDecoder<>::kName, LatentDecoder<>::kName},
+               {GPT2Features<>::kName, LatentEncoder<>::kName}, parallel, precision);
   print_samples(std::cout, tokenizer, Pipeline<float>(model).reconstruct(ctx, tokens).tokens);
   return 0;
 }

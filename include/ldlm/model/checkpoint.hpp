@@ -103,7 +103,7 @@ inline std::optional<std::uint64_t> read_feature_model_init_seed(const Safetenso
 }
 
 namespace detail {
-inline const std::string kFeatureModelPrefix = "feature_model.";
+inline const std::string kFeatureModelPrefix = std::string(GPT2Features<float>::kName) + ".";
 
 /// A generated feature model and stored feature_model.* parameters contradict each other.
 inline void require_no_feature_model_tensors(const SafetensorsFile& file) {
@@ -130,16 +130,15 @@ struct FilteredModule {
 };
 }  // namespace detail
 
-/// Fills one module of `model` ("feature_model", "encoder", "latent_decoder",
-/// "token_decoder" or "denoiser") from a full-model file; the tensors of other
-/// modules are ignored. A generated feature model is regenerated from its seed.
-/// The caller builds `model` from resolve_config(file, ...). Matrix-product weights
-/// are packed for `pack` as they are read (see LoadOptions::pack).
+/// Fills the module of `model` called `name` (one of module_names()) from a full-model
+/// file; the tensors of other modules are ignored. A generated feature model is
+/// regenerated from its seed. The caller builds `model` from resolve_config(file, ...).
+/// Matrix-product weights are packed for `pack` as they are read (see LoadOptions::pack).
 template <class S>
 void load_module(LDLM<S>& model, const SafetensorsFile& file, std::string_view name,
                  std::optional<Precision> pack = Precision::fp32) {
   const std::string prefix = std::string(name) + ".";
-  if (name == "feature_model") {
+  if (name == GPT2Features<S>::kName) {
     if (const auto seed = read_feature_model_init_seed(file)) {
       detail::require_no_feature_model_tensors(file);
       init_parameters(model.feature_model, *seed, prefix, pack);
@@ -148,7 +147,24 @@ void load_module(LDLM<S>& model, const SafetensorsFile& file, std::string_view n
   }
   LoadOptions options = LoadOptions::scoped(prefix);
   options.pack = pack;
-  with_module(model, std::string(name), [&](auto& module) { load_parameters(module, file, prefix, options); });
+  with_module(model, name, [&](auto& module) { load_parameters(module, file, prefix, options); });
+}
+
+/// Seed of the generator weights the ldlm tool and the examples use when they are given
+/// no file (the seed of the model_base reference dumps).
+inline constexpr std::uint64_t kDefaultInitSeed = 7;
+
+/// Fills the module called `name` of `model`: from `file` when there is one
+/// (load_module), else with the deterministic generator of `seed` under its full
+/// names, so that its values equal those of init_parameters on the whole LDLM.
+/// Matrix-product weights are packed for `pack` as they are filled.
+template <class S>
+void load_or_init_module(LDLM<S>& model, const std::optional<SafetensorsFile>& file, std::string_view name,
+                         std::uint64_t seed = kDefaultInitSeed, std::optional<Precision> pack = Precision::fp32) {
+  if (file)
+    load_module(model, *file, name, pack);
+  else
+    with_module(model, name, [&](auto& module) { init_parameters(module, seed, std::string(name) + ".", pack); });
 }
 
 /// How load_model reads a file.

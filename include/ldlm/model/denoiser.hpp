@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "ldlm/model/attention_config.hpp"
 #include "ldlm/model/common.hpp"
@@ -18,6 +19,10 @@ namespace ldlm {
 template <class S = float>
 class Denoiser {
  public:
+  /// The module's name in LDLM (for_each_module): its state-dict prefix without the dot,
+  /// and the module its errors and Context::block_observer name.
+  static constexpr std::string_view kName = "denoiser";
+
   /// One DDiT block (the MDLM/Duo name): adaLN chunks (shift, scale, gate) × (attention, MLP).
   struct Block {
     nn::LayerNormGain<S> norm1, norm2;
@@ -131,28 +136,28 @@ class Denoiser {
     in.rightCols(d) = self_cond;
     input_proj.forward(ctx, in, x);
     condition(ctx, t, B, c);
-    observe_block<S>(ctx, "denoiser", "input", x);
-    observe_block<S>(ctx, "denoiser", "condition", c);
+    observe_block<S>(ctx, kName, "input", x);
+    observe_block<S>(ctx, kName, "condition", c);
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       blocks[i].forward(ctx, x, c, B, T, rotary);
-      observe_block<S>(ctx, "denoiser", "blocks", i, x);
+      observe_block<S>(ctx, kName, "blocks", i, x);
     }
     output_layer.adaLN_modulation.forward(ctx, c, ada);
     output_layer.norm_final.forward_modulated(ctx, x, ada.leftCols(d), ada.rightCols(d), T, x);
-    observe_block<S>(ctx, "denoiser", "output_layer.linear.input", x);
+    observe_block<S>(ctx, kName, "output_layer.linear.input", x);
     output_layer.linear.forward(ctx, x, x0);
-    check_finite<S>(ctx, "denoiser", "x0", x0);
+    check_finite<S>(ctx, kName, "x0", x0);
   }
 
   /// Tensor form: x_t, self_cond [B, T, d]; t [B] finite. Returns x̂0 [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& x_t, const Tensor1<S>& t, const Tensor3<S>& self_cond) const {
-    check_activation_shape("denoiser", "x_t", x_t, config);
+    check_activation_shape(kName, "x_t", x_t, config);
     const Index B = x_t.dimension(0), T = x_t.dimension(1);
-    check_shape("denoiser", "self_cond", {B, T, config.d_model}, shape_of(self_cond));
-    check_shape("denoiser", "t", {B}, shape_of(t));
+    check_shape(kName, "self_cond", {B, T, config.d_model}, shape_of(self_cond));
+    check_shape(kName, "t", {B}, shape_of(t));
     for (Index b = 0; b < B; ++b)
       if (!std::isfinite(t(b)))
-        throw InvalidArgument("denoiser: tensor 't' has a non-finite value at index " + std::to_string(b));
+        throw InvalidArgument(std::string(kName) + ": tensor 't' has a non-finite value at index " + std::to_string(b));
     Tensor3<S> x0(B, T, config.d_model);
     Arena::Scope scope(ctx.arena());
     const auto rotary = make_rotary_table<S>(ctx.arena(), T, config.head_dim, config.rope_base);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ldlm/model/attention_config.hpp"
@@ -17,6 +18,10 @@ namespace ldlm {
 template <class S = float>
 class GPT2Features {
  public:
+  /// The module's name in LDLM (for_each_module): its state-dict prefix without the dot,
+  /// and the module its errors and Context::block_observer name.
+  static constexpr std::string_view kName = "feature_model";
+
   struct Block {
     nn::LayerNorm<S> ln_1;
     nn::GPT2Attention<S> attn;
@@ -65,7 +70,7 @@ class GPT2Features {
     const auto wte_m = wte.matrix();
     const auto wpe_m = wpe.matrix();
     for (Index r = 0; r < rows; ++r) x.row(r) = wte_m.row(tokens[r]) + wpe_m.row(r % T);
-    observe_block<S>(ctx, "feature_model", "input", x);
+    observe_block<S>(ctx, kName, "input", x);
     for (Index i = 0; i < config.gpt2_feature_layers; ++i) {
       const Block& block = h[static_cast<std::size_t>(i)];
       block.ln_1.forward(ctx, x, y);
@@ -74,10 +79,10 @@ class GPT2Features {
       block.ln_2.forward(ctx, x, y);
       block.mlp.forward(ctx, y, out);
       x += out;
-      observe_block<S>(ctx, "feature_model", "h", static_cast<std::size_t>(i), x);
+      observe_block<S>(ctx, kName, "h", static_cast<std::size_t>(i), x);
     }
     features = x;
-    check_finite<S>(ctx, "feature_model", "features", features);
+    check_finite<S>(ctx, kName, "features", features);
   }
 
   /// tokens [B, T] with ids in [0, V) -> features [B, T, d] (hidden state gpt2_feature_layers).
@@ -92,14 +97,14 @@ class GPT2Features {
   void check_tokens(const TokenTensor& tokens) const {
     const Index B = tokens.dimension(0), T = tokens.dimension(1);
     if (B < 1 || T < 1 || T > config.max_positions)
-      throw ShapeError("feature_model: tensor 'tokens' has shape " + shape_string(shape_of(tokens)) +
+      throw ShapeError(std::string(kName) + ": tensor 'tokens' has shape " + shape_string(shape_of(tokens)) +
                        "; need B >= 1 and 1 <= T <= max_positions = " + std::to_string(config.max_positions));
-    check_batch_fits("feature_model", B, T, config);
+    check_batch_fits(kName, B, T, config);
     for (Index i = 0; i < tokens.size(); ++i)
       if (tokens.data()[i] < 0 || tokens.data()[i] >= config.vocab_size)
-        throw InvalidArgument("feature_model: tensor 'tokens' has id " + std::to_string(tokens.data()[i]) + " at [" +
-                              std::to_string(i / T) + ", " + std::to_string(i % T) + "], outside the vocabulary [0, " +
-                              std::to_string(config.vocab_size) + ")");
+        throw InvalidArgument(std::string(kName) + ": tensor 'tokens' has id " + std::to_string(tokens.data()[i]) +
+                              " at [" + std::to_string(i / T) + ", " + std::to_string(i % T) +
+                              "], outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
   }
 };
 

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "ldlm/model/denoiser.hpp"
@@ -34,14 +35,16 @@ class LDLM {
 };
 
 /// The one table of LDLM's modules: calls f(name, module) for each, in state-dict
-/// order. The name is the module's state-dict prefix without its dot.
+/// order. The name (a std::string_view) is the module class's kName, its state-dict
+/// prefix without the dot.
 template <class Model, class F>
 void for_each_module(Model& m, F&& f) {
-  f("feature_model", m.feature_model);
-  f("encoder", m.encoder);
-  f("latent_decoder", m.latent_decoder);
-  f("token_decoder", m.token_decoder);
-  f("denoiser", m.denoiser);
+  const auto entry = [&](auto& module) { f(std::remove_cvref_t<decltype(module)>::kName, module); };
+  entry(m.feature_model);
+  entry(m.encoder);
+  entry(m.latent_decoder);
+  entry(m.token_decoder);
+  entry(m.denoiser);
 }
 
 /// The names of for_each_module, in its order.
@@ -49,7 +52,7 @@ inline const std::vector<std::string>& module_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> list;
     const LDLM<float> shapes_only;  // allocates no parameter
-    for_each_module(shapes_only, [&](const char* name, const auto&) { list.emplace_back(name); });
+    for_each_module(shapes_only, [&](std::string_view name, const auto&) { list.emplace_back(name); });
     return list;
   }();
   return names;
@@ -58,22 +61,23 @@ inline const std::vector<std::string>& module_names() {
 /// Calls f(module) on the module called `name`; an unknown name is an InvalidArgument
 /// that lists the known ones.
 template <class Model, class F>
-void with_module(Model& m, const std::string& name, F&& f) {
+void with_module(Model& m, std::string_view name, F&& f) {
   bool found = false;
-  for_each_module(m, [&](const char* module_name, auto& module) {
+  for_each_module(m, [&](std::string_view module_name, auto& module) {
     if (name == module_name) found = true, f(module);
   });
   if (!found) {
     std::string known;
     for (const auto& n : module_names()) known += (known.empty() ? "" : ", ") + n;
-    throw InvalidArgument("ldlm: unknown module '" + name + "' (modules: " + known + ")");
+    throw InvalidArgument("ldlm: unknown module '" + std::string(name) + "' (modules: " + known + ")");
   }
 }
 
 template <class S>
 template <class F>
 void LDLM<S>::visit(const std::string& prefix, F&& f) {
-  for_each_module(*this, [&](const char* name, auto& module) { module.visit(prefix + name + ".", f); });
+  for_each_module(*this,
+                  [&](std::string_view name, auto& module) { module.visit(prefix + std::string(name) + ".", f); });
 }
 
 /// One row of the parameter table: a module and its trained/frozen counts.
@@ -88,7 +92,9 @@ struct ModuleParameters {
 template <class S>
 std::vector<ModuleParameters> parameter_table(const LDLM<S>& m) {
   std::vector<ModuleParameters> table;
-  for_each_module(m, [&](const char* name, const auto& module) { table.push_back({name, count_parameters(module)}); });
+  for_each_module(m, [&](std::string_view name, const auto& module) {
+    table.push_back({std::string(name), count_parameters(module)});
+  });
   return table;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ldlm/model/attention_config.hpp"
@@ -17,6 +18,10 @@ namespace ldlm {
 template <class S = float>
 class LatentEncoder {
  public:
+  /// The module's name in LDLM (for_each_module): its state-dict prefix without the dot,
+  /// and the module its errors and Context::block_observer name.
+  static constexpr std::string_view kName = "encoder";
+
   struct Block {
     nn::LatentAttention<S> latent_attn;
     nn::PerceiverFFN<S> ffn_latent;
@@ -64,23 +69,23 @@ class LatentEncoder {
     positional_emb.add_to(ctx, T, e);
     latent_norm.forward(ctx, latents.matrix().topRows(T), z.topRows(T));  // RMSNorm(latents[:T])
     for (Index b = 1; b < B; ++b) z.middleRows(b * T, T) = z.topRows(T);
-    observe_block<S>(ctx, "encoder", "context", e);
-    observe_block<S>(ctx, "encoder", "input", z);
+    observe_block<S>(ctx, kName, "context", e);
+    observe_block<S>(ctx, kName, "input", z);
     for (std::size_t i = 0; i < latent_layers.size(); ++i) {
       const Block& block = latent_layers[i];
       block.latent_attn.forward(ctx, e, T, z, B, T, out);
       z += out;
       block.ffn_latent.forward(ctx, z, out);
       z += out;
-      observe_block<S>(ctx, "encoder", "latent_layers", i, z);
+      observe_block<S>(ctx, kName, "latent_layers", i, z);
     }
     output_norm.forward(ctx, z, z0);
-    check_finite<S>(ctx, "encoder", "latents", z0);
+    check_finite<S>(ctx, kName, "latents", z0);
   }
 
   /// features [B, T, d] -> latents [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& features) const {
-    check_activation_shape("encoder", "features", features, config);
+    check_activation_shape(kName, "features", features, config);
     Tensor3<S> z0(features.dimension(0), features.dimension(1), config.d_model);
     forward(ctx, as_matrix(features), features.dimension(0), features.dimension(1), as_matrix(z0));
     return z0;
@@ -90,6 +95,10 @@ class LatentEncoder {
 template <class S = float>
 class LatentDecoder {
  public:
+  /// The module's name in LDLM (for_each_module): its state-dict prefix without the dot,
+  /// and the module its errors and Context::block_observer name.
+  static constexpr std::string_view kName = "latent_decoder";
+
   struct Block {
     nn::LatentAttention<S> latent_attn;
     nn::ScaleMask<S> attn_scale;
@@ -145,8 +154,8 @@ class LatentDecoder {
     positional_emb.add_to(ctx, T, x);
     c = z;
     positional_emb.add_to(ctx, T, c);
-    observe_block<S>(ctx, "latent_decoder", "context", c);
-    observe_block<S>(ctx, "latent_decoder", "input", x);
+    observe_block<S>(ctx, kName, "context", c);
+    observe_block<S>(ctx, kName, "input", x);
     for (std::size_t i = 0; i < layers.size(); ++i) {
       const Block& block = layers[i];
       block.latent_attn.forward(ctx, c, T, x, B, T, out);
@@ -155,15 +164,15 @@ class LatentDecoder {
       block.ffn_latent.forward(ctx, x, out);
       block.ffn_scale.forward(ctx, out, out);
       x += out;
-      observe_block<S>(ctx, "latent_decoder", "layers", i, x);
+      observe_block<S>(ctx, kName, "layers", i, x);
     }
     hidden = x;
-    check_finite<S>(ctx, "latent_decoder", "hidden", hidden);
+    check_finite<S>(ctx, kName, "hidden", hidden);
   }
 
   /// latents [B, T, d] -> hidden [B, T, d].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& latents) const {
-    check_activation_shape("latent_decoder", "latents", latents, config);
+    check_activation_shape(kName, "latents", latents, config);
     Tensor3<S> hidden(latents.dimension(0), latents.dimension(1), config.d_model);
     forward(ctx, as_matrix(latents), latents.dimension(0), latents.dimension(1), as_matrix(hidden));
     return hidden;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ldlm/model/attention_config.hpp"
@@ -16,6 +17,10 @@ namespace ldlm {
 template <class S = float>
 class TokenDecoder {
  public:
+  /// The module's name in LDLM (for_each_module): its state-dict prefix without the dot,
+  /// and the module its errors and Context::block_observer name.
+  static constexpr std::string_view kName = "token_decoder";
+
   struct Block {
     nn::LayerNormGain<S> norm1, norm2;
     nn::SelfAttention<S> attn;
@@ -61,7 +66,7 @@ class TokenDecoder {
     RotaryTable<S> rotary;
     if (config.token_decoder_rotary) rotary = make_rotary_table<S>(ctx.arena(), T, config.head_dim, config.rope_base);
     x = hidden;
-    observe_block<S>(ctx, "token_decoder", "input", x);
+    observe_block<S>(ctx, kName, "input", x);
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       const Block& block = blocks[i];
       block.norm1.forward(ctx, x, normed);
@@ -70,10 +75,10 @@ class TokenDecoder {
       block.norm2.forward(ctx, x, normed);
       block.mlp.forward(ctx, normed, out);
       x += out;
-      observe_block<S>(ctx, "token_decoder", "blocks", i, x);
+      observe_block<S>(ctx, kName, "blocks", i, x);
     }
     norm_final.forward(ctx, x, normed);
-    observe_block<S>(ctx, "token_decoder", "lm_head.input", normed);
+    observe_block<S>(ctx, kName, "lm_head.input", normed);
   }
 
   /// Row form: hidden [B*T, d] -> logits [B*T, V].
@@ -82,12 +87,12 @@ class TokenDecoder {
     MatrixMap<S> normed(ctx.arena().allocate<S>(B * T * config.d_model), B * T, config.d_model);  // [B*T, d]
     forward_to_head(ctx, hidden, B, T, normed);
     lm_head.forward(ctx, normed, logits);
-    check_finite<S>(ctx, "token_decoder", "logits", logits);
+    check_finite<S>(ctx, kName, "logits", logits);
   }
 
   /// hidden [B, T, d] -> logits [B, T, V].
   Tensor3<S> forward(Context& ctx, const Tensor3<S>& hidden) const {
-    check_activation_shape("token_decoder", "hidden", hidden, config);
+    check_activation_shape(kName, "hidden", hidden, config);
     const Index B = hidden.dimension(0), T = hidden.dimension(1);
     Tensor3<S> logits(B, T, config.vocab_size);
     forward(ctx, as_matrix(hidden), B, T, as_matrix(logits));

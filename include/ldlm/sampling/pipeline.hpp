@@ -72,7 +72,7 @@ class Pipeline {
       const Index n = std::min(kLogitRows, rows - r);
       auto block = logits.topRows(n);
       token_decoder.lm_head.forward(ctx, normed.middleRows(r, n), block);
-      check_finite<S>(ctx, "token_decoder", "logits", block);
+      check_finite<S>(ctx, token_decoder.kName, "logits", block);
       argmax_rows<S>(block, tokens.data() + r);
     }
     return tokens;
