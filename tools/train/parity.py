@@ -91,7 +91,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="the demo model (export.py's output)")
     ap.add_argument("--out", required=True, help="directory of the dumps")
-    ap.add_argument("--data", default="/work/train-data", help="prepare_data.py's output, for held-out text")
+    ap.add_argument("--data", default=C.DATA_DIR,
+                    help="prepare_data.py's output, for held-out text (default: build/train-data)")
     a = ap.parse_args()
     model, meta = C.load_model_file(a.model)
     torch.manual_seed(0)
