@@ -8,7 +8,7 @@ The model is loaded the way evaluate.py loads it (the reference modules of
 tools/reference/ldlm_torch.py, the trained tensors, the feature model regenerated from
 its seed), then every module runs on inputs that come from real text: held-out lines
 and modern English sentences, tokenized with GPT-2's tokenizer. The files have the
-layout of tests/data/model_small (docs/model.md#module-inputs-and-outputs):
+layout of tests/data/model_small (docs/model.md §Module inputs and outputs):
   <module>.inputs.safetensors, <module>.outputs.safetensors (fp32) and
   <module>.outputs.bf16.safetensors (matrix-product operands rounded to bf16, as
   ldlm's --precision bf16 computes).
