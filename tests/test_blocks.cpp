@@ -38,12 +38,12 @@
 namespace {
 
 using namespace ldlm;
+using ldlm::test::kFp32Dump;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
 using ldlm::test::Tolerance;
 using ::testing::HasSubstr;
 
-constexpr Tolerance kFp32{1e-5, 1e-5};  // test_model.cpp kSmallModule
 constexpr Tolerance kBf16{3e-3, 3e-3};  // test_precision.cpp kBf16Module
 
 struct Observed {
@@ -138,7 +138,7 @@ TEST_P(ModelSmallBlocks, EveryBlockMatchesTheReferenceInOrder) {
   const BlockCase& c = GetParam();
   const std::string module = c.module;
   const std::string suffix = c.precision == Precision::bf16 ? ".bf16" : "";
-  const Tolerance tol = c.precision == Precision::bf16 ? kBf16 : kFp32;
+  const Tolerance tol = c.precision == Precision::bf16 ? kBf16 : kFp32Dump;
   ldlm::test::NamedOutputs outputs;
   const auto observed = run_observed(module, c.precision, outputs);
   const auto blocks = open_reference("model_small/" + module + ".blocks" + suffix + ".safetensors");
@@ -176,7 +176,7 @@ TEST_F(BlockDivergence, NamesTheFirstDivergingBlockWithItsWorstElement) {
   ASSERT_EQ(observed_[2].name, "blocks.0");
   observed_[2].value(40, 3) += 1e-3;  // row 40 = batch 1, position 3
   observed_[3].value(0, 0) += 1.0;    // later blocks inherit errors; only the first is named
-  const auto result = first_divergence("denoiser", observed_, dump_, kFp32);
+  const auto result = first_divergence("denoiser", observed_, dump_, kFp32Dump);
   ASSERT_FALSE(result);
   EXPECT_THAT(result.message(), HasSubstr("first divergence: denoiser block 'blocks.0' (value 3 of 5)"));
   EXPECT_THAT(result.message(), HasSubstr("1 of 4736 elements out of tolerance, worst at [1, 3, 3]"));
@@ -187,11 +187,11 @@ TEST_F(BlockDivergence, NamesAMissingOrMisplacedValue) {
   auto missing = observed_;
   missing.pop_back();
   EXPECT_THAT(
-      first_divergence("denoiser", missing, dump_, kFp32).message(),
+      first_divergence("denoiser", missing, dump_, kFp32Dump).message(),
       HasSubstr("the reference has 'output_layer.linear.input' (value 5 of 5) but the module reported no more values"));
   auto swapped = observed_;
   std::swap(swapped[2], swapped[3]);
-  EXPECT_THAT(first_divergence("denoiser", swapped, dump_, kFp32).message(),
+  EXPECT_THAT(first_divergence("denoiser", swapped, dump_, kFp32Dump).message(),
               HasSubstr("reported 'denoiser' 'blocks.1' where the reference has 'blocks.0' (value 3 of 5)"));
 }
 

@@ -35,12 +35,12 @@ namespace {
 using namespace ldlm;
 using ldlm::test::all_close;
 using ldlm::test::data_path;
+using ldlm::test::kFp32Dump;
 using ldlm::test::matches_reference;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
 using ldlm::test::Tolerance;
 
-constexpr Tolerance kDemoModule{1e-5, 1e-5};
 constexpr Tolerance kDemoBf16{1e-2, 1e-2};
 constexpr double kArgmaxMargin[] = {1e-3, 5e-2};  // fp32, bf16: above any logit error seen
 constexpr double kHeldOutAccuracy = 0.95;
@@ -78,7 +78,7 @@ TEST_P(DemoParity, ModuleMatchesTheTrainingForward) {
                                       (precision == Precision::bf16 ? ".bf16" : "") + ".safetensors");
   Context ctx(2);
   for (const auto& [name, got] : ldlm::test::run_module(ctx, demo_model(precision), module, inputs))
-    EXPECT_TRUE(matches_reference(got, outputs, name, precision == Precision::bf16 ? kDemoBf16 : kDemoModule))
+    EXPECT_TRUE(matches_reference(got, outputs, name, precision == Precision::bf16 ? kDemoBf16 : kFp32Dump))
         << "demo model, " << module << ", " << precision_name(precision);
 }
 
