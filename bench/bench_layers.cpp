@@ -1,7 +1,7 @@
 // Microbenchmarks of ldlm's layers and modules at ldlm-base sizes (B = 1, T = 1024,
 // d = 768, H = 12, hd = 64), each at 1 and 2 threads and in both precisions: fp32
 // (bf16:0) and bf16 (bf16:1: bf16 operands, fp32 sums, fp32 norms/softmax/residuals,
-// see docs/model.md#precision). bench/torch_bench.py times the same computations in
+// see docs/model.md §Precision). bench/torch_bench.py times the same computations in
 // PyTorch (fp32, and under torch.autocast bf16) under the same case names, and
 // bench/compare.py puts the two side by side with the machine's measured peak
 // (bench_peak.cpp; see bench/README.md).

@@ -23,6 +23,7 @@ using ldlm::test::bytes_of;
 using ldlm::test::data_path;
 using ldlm::test::error_of;
 using ldlm::test::expect_matches;
+using ldlm::test::kFp32Dump;
 using ldlm::test::open_reference;
 using ldlm::test::raw_tensors;
 using ldlm::test::RawTensor;
@@ -34,7 +35,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr Tolerance kSmallModule{1e-5, 1e-5};
 const std::string kConfigKey(kConfigMetadataKey);
 const std::string kSeedKey(kFeatureModelInitSeedKey);
 
@@ -82,10 +82,10 @@ void expect_small_parity(const LDLM<float>& m) {
   const auto tokens =
       read_tensor<std::int64_t, 2>(open_reference("model_small/feature_model.inputs.safetensors"), "tokens");
   expect_matches(m.feature_model.forward(ctx, tokens), open_reference("model_small/feature_model.outputs.safetensors"),
-                 "features", kSmallModule);
+                 "features", kFp32Dump);
   const auto hidden = read_tensor<float, 3>(open_reference("model_small/token_decoder.inputs.safetensors"), "hidden");
   expect_matches(m.token_decoder.forward(ctx, hidden), open_reference("model_small/token_decoder.outputs.safetensors"),
-                 "logits", kSmallModule);
+                 "logits", kFp32Dump);
 }
 
 // ---------------------------------------------------------------------------

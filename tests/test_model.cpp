@@ -47,6 +47,7 @@ using ldlm::test::write_tensors;
 
 using namespace ldlm;
 using ldlm::test::data_path;
+using ldlm::test::kFp32Dump;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
 using ldlm::test::Tolerance;
@@ -55,9 +56,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 namespace fs = std::filesystem;
 
-constexpr Tolerance kSmallModule{1e-5, 1e-5};
 constexpr Tolerance kSmallChain{2e-5, 2e-5};
-constexpr Tolerance kDoubleModule{1e-5, 1e-5};
 constexpr Tolerance kBaseModule{3e-5, 3e-5};
 constexpr Tolerance kBaseChain{5e-5, 5e-5};
 
@@ -262,7 +261,7 @@ TEST(ModelSmall, FeatureModel) {
   ASSERT_EQ(tokens.dimension(1), 37);
   Context ctx;
   expect_matches_logging_scaled_error(small_model<float>().feature_model.forward(ctx, tokens), out, "features",
-                                      kSmallModule);
+                                      kFp32Dump);
 }
 
 TEST(ModelSmall, Encoder) {
@@ -270,7 +269,7 @@ TEST(ModelSmall, Encoder) {
   const auto out = open_reference("model_small/encoder.outputs.safetensors");
   Context ctx;
   expect_matches_logging_scaled_error(small_model<float>().encoder.forward(ctx, read_tensor<float, 3>(in, "features")),
-                                      out, "latents", kSmallModule);
+                                      out, "latents", kFp32Dump);
 }
 
 TEST(ModelSmall, LatentDecoder) {
@@ -278,8 +277,7 @@ TEST(ModelSmall, LatentDecoder) {
   const auto out = open_reference("model_small/latent_decoder.outputs.safetensors");
   Context ctx;
   expect_matches_logging_scaled_error(
-      small_model<float>().latent_decoder.forward(ctx, read_tensor<float, 3>(in, "latents")), out, "hidden",
-      kSmallModule);
+      small_model<float>().latent_decoder.forward(ctx, read_tensor<float, 3>(in, "latents")), out, "hidden", kFp32Dump);
 }
 
 TEST(ModelSmall, TokenDecoder) {
@@ -287,8 +285,7 @@ TEST(ModelSmall, TokenDecoder) {
   const auto out = open_reference("model_small/token_decoder.outputs.safetensors");
   Context ctx;
   expect_matches_logging_scaled_error(
-      small_model<float>().token_decoder.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits",
-      kSmallModule);
+      small_model<float>().token_decoder.forward(ctx, read_tensor<float, 3>(in, "hidden")), out, "logits", kFp32Dump);
 }
 
 TEST(ModelSmall, Denoiser) {
@@ -297,7 +294,7 @@ TEST(ModelSmall, Denoiser) {
   Context ctx;
   const auto x0 = small_model<float>().denoiser.forward(
       ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"), read_tensor<float, 3>(in, "self_cond"));
-  expect_matches_logging_scaled_error(x0, out, "x0", kSmallModule);
+  expect_matches_logging_scaled_error(x0, out, "x0", kFp32Dump);
 }
 
 TEST(ModelSmall, ReconstructChain) {
@@ -321,7 +318,7 @@ TEST(ModelSmallDouble, Denoiser) {
   Context ctx;
   const auto x0 = small_model<double>().denoiser.forward(
       ctx, read_tensor<double, 3>(in, "x_t"), read_tensor<double, 1>(in, "t"), read_tensor<double, 3>(in, "self_cond"));
-  expect_matches_logging_scaled_error(x0, out, "x0", kDoubleModule);
+  expect_matches_logging_scaled_error(x0, out, "x0", kFp32Dump);
 }
 
 TEST(ModelSmallDouble, TokenDecoder) {
@@ -329,8 +326,7 @@ TEST(ModelSmallDouble, TokenDecoder) {
   const auto out = open_reference("model_small/token_decoder.outputs.safetensors");
   Context ctx;
   expect_matches_logging_scaled_error(
-      small_model<double>().token_decoder.forward(ctx, read_tensor<double, 3>(in, "hidden")), out, "logits",
-      kDoubleModule);
+      small_model<double>().token_decoder.forward(ctx, read_tensor<double, 3>(in, "hidden")), out, "logits", kFp32Dump);
 }
 
 // ---------------------------------------------------------------------------
@@ -576,11 +572,11 @@ TEST_F(ModelLoading, TransposedSquareConv1DWeightsLoadButMissTheReference) {
   const auto out = open_reference("model_small/feature_model.outputs.safetensors");
   Context ctx;
   const auto features = m.feature_model.forward(ctx, read_tensor<std::int64_t, 2>(in, "tokens"));
-  EXPECT_FALSE(ldlm::test::matches_reference(features, out, "features", kSmallModule));
+  EXPECT_FALSE(ldlm::test::matches_reference(features, out, "features", kFp32Dump));
   // Far outside: at least 100 times the tolerance.
   const double error = ldlm::test::max_abs_diff(features, read_tensor<float, 3>(out, "features"));
   ::testing::Test::RecordProperty("features.max_abs_error_transposed", std::to_string(error));
-  EXPECT_GT(error, 100 * kSmallModule.atol);
+  EXPECT_GT(error, 100 * kFp32Dump.atol);
 }
 
 TEST_F(ModelLoading, IntegerWeightIsRejected) {
@@ -604,7 +600,7 @@ TEST_F(ModelLoading, OneModuleFromTheFullCheckpoint) {
   expect_matches_logging_scaled_error(
       denoiser.forward(ctx, read_tensor<float, 3>(in, "x_t"), read_tensor<float, 1>(in, "t"),
                        read_tensor<float, 3>(in, "self_cond")),
-      out, "x0", kSmallModule);
+      out, "x0", kFp32Dump);
 
   // Without the scope, every other module's tensors are unexpected.
   const std::string msg = error_of<CheckpointError>([&] {
@@ -643,7 +639,7 @@ TEST_F(ModelLoading, HuggingFaceGpt2WithAndWithoutTransformerPrefix) {
     GPT2Features<float> gpt2(small_config());
     load_hf_gpt2(gpt2, SafetensorsFile::open(path));
     Context ctx;
-    expect_matches_logging_scaled_error(gpt2.forward(ctx, tokens), out, "features", kSmallModule);
+    expect_matches_logging_scaled_error(gpt2.forward(ctx, tokens), out, "features", kFp32Dump);
   }
 }
 

@@ -1,4 +1,4 @@
-// bf16 precision and the product backends (docs/model.md#precision, ops/gemm.hpp).
+// bf16 precision and the product backends (docs/model.md §Precision, ops/gemm.hpp).
 //
 // References:
 // - conversions: the scalar round-to-nearest-even of core/precision.hpp, which is

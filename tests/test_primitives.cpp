@@ -26,11 +26,9 @@ using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
 using ldlm::test::Tolerance;
 
-// The float32 target for every primitive: |got - ref| <= 1e-5 + 1e-5·|ref|. No case
-// needs more. With S = double the inputs and parameters are the same float32 values,
-// so the only difference from the float32 reference is the reference's own float32
-// rounding, which this tolerance covers too.
-constexpr Tolerance kTol{1e-5, 1e-5};
+// The float32 target for every primitive, at S = float and S = double alike
+// (support/reference.hpp says why): 1e-5 + 1e-5·|ref|. No case needs more.
+constexpr Tolerance kTol = ldlm::test::kFp32Dump;
 // A planted bug must move the result by far more than the tolerance: at least 100×.
 constexpr double kBugGap = 100 * kTol.atol;
 
@@ -388,6 +386,23 @@ TEST(ScaleMask, ChecksTheOutputShape) {
             "scale_mask: tensor 'y' expected shape [6, 4], got [5, 4]");
   EXPECT_EQ(error_of<ShapeError>([&] { scale_mask<float>(ctx, x, 0.5f, 0.25f, wide_y); }),
             "scale_mask: tensor 'y' expected shape [6, 4], got [6, 5]");
+}
+
+// The norms check x, the gain's length (x's width) and y together, and name all three.
+TEST(Norms, CheckShapes) {
+  Context ctx;
+  const Matrix<float> x = Matrix<float>::Ones(6, 4), shift = Matrix<float>::Zero(2, 4);
+  const Vector<float> gain = Vector<float>::Ones(4), bias = Vector<float>::Zero(4);
+  Matrix<float> short_y(5, 4), wide_y(6, 5);
+  const auto error = [&](auto&& call) { return error_of<ShapeError>(call); };
+  EXPECT_EQ(error([&] { rms_norm<float>(ctx, x, gain.data(), 1e-6f, short_y); }),
+            "rms_norm: x [6, 4], weight [4], y [5, 4] do not fit");
+  EXPECT_EQ(error([&] { layer_norm<float>(ctx, x, gain.data(), bias.data(), 1e-5f, wide_y); }),
+            "layer_norm: x [6, 4], weight [4], y [6, 5] do not fit");
+  EXPECT_EQ(error([&] { layer_norm_gain<float>(ctx, x, gain.data(), 1e-5f, short_y); }),
+            "layer_norm_gain: x [6, 4], weight [4], y [5, 4] do not fit");
+  EXPECT_EQ(error([&] { layer_norm_modulate<float>(ctx, x, gain.data(), 1e-5f, shift, shift, 3, wide_y); }),
+            "layer_norm_modulate: x [6, 4], weight [4], y [6, 5] do not fit");
 }
 
 TEST(ScaleMask, MatchesReference) {

@@ -318,7 +318,7 @@ def write_model(out_dir, mdir, cfg: L.Config, seed: int, B: int, T: int, write_w
 
 
 def write_bf16_outputs(path, mod, model, inputs, fp32_outs, meta):
-    """The two bf16 references of a module (docs/model.md#precision):
+    """The two bf16 references of a module (docs/model.md §Precision):
     - `<mod>.outputs.bf16.safetensors`: ldlm's bf16 mode exactly (operands of every
       matrix product rounded to bf16, fp32 everywhere else), for tight parity;
     - `<mod>.outputs.autocast_bf16.safetensors`: torch.autocast('cpu', bfloat16), the

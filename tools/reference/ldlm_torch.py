@@ -109,7 +109,7 @@ SAMPLING_DEFAULTS = {"schedule_d": 3.0, "t_min": 0.05, "beta_t_clip": 0.95}
 
 
 # ------------------------------------------------------------------ bf16 operands
-# ldlm's bf16 mode (docs/model.md#precision): every matrix product takes operands
+# ldlm's bf16 mode (docs/model.md §Precision): every matrix product takes operands
 # rounded to bf16 and sums in fp32; everything else stays fp32. Inside
 # `with bf16_operands():` this reference computes exactly that, so C++ can be held to
 # it tightly. (torch.autocast is the other bf16 reference: it also rounds the products'

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Check that a training run stopped and resumed gives bit-identical weights.
 
-    /usr/bin/python3 tools/train/check_resume.py [--data /work/train-data] [--threads 1]
+    /usr/bin/python3 tools/train/check_resume.py [--data build/train-data] [--threads 1]
 
 Trains a tiny schedule (autoencoder then denoiser, a few steps of a few tokens) twice in
 temporary directories: once straight through, once stopped inside phase 1 and again inside
@@ -19,6 +19,8 @@ import tempfile
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import DATA_DIR  # noqa: E402
 
 
 def flatten(prefix, obj, out):
@@ -34,7 +36,7 @@ def flatten(prefix, obj, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="/work/train-data")
+    ap.add_argument("--data", default=DATA_DIR, help="prepare_data.py's output (default: build/train-data)")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     flags = ["--data", a.data, "--threads", str(a.threads), "--ae-steps", "6", "--dn-steps", "6", "--tokens", "256",

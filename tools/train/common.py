@@ -20,6 +20,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tools", "reference"))
+# Default places of the corpus (prepare_data.py) and of a training run (train.py): under
+# build/, which git ignores, so nothing generated lands in the tracked tree.
+DATA_DIR = os.path.join(REPO, "build", "train-data")
+RUN_DIR = os.path.join(REPO, "build", "train-run")
 import ldlm_init  # noqa: E402
 import ldlm_torch as L  # noqa: E402
 import safetensors_io  # noqa: E402

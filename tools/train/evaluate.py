@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Evaluate a demo-model file: reconstruction accuracy, generation samples, loss curves.
 
-    /usr/bin/python3 tools/train/evaluate.py --model ldlm-demo.safetensors --data /work/train-data \
-        --log /work/train-run/log.jsonl --out /work/train-run/eval
+    /usr/bin/python3 tools/train/evaluate.py --model ldlm-demo.safetensors --data build/train-data \
+        --log build/train-run/log.jsonl --out build/train-run/eval
 
 Runs the reference PyTorch model (tools/reference/ldlm_torch.py) on the file's weights
 (the feature model regenerated from its seed), in float32, and writes into --out:
@@ -134,7 +134,7 @@ def plot_log(log_path: str, out_png: str) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="safetensors file written by export.py")
-    ap.add_argument("--data", default="/work/train-data")
+    ap.add_argument("--data", default=C.DATA_DIR, help="prepare_data.py's output (default: build/train-data)")
     ap.add_argument("--log", default=None, help="log.jsonl of the training run (for loss.png)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int, default=2)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Write the trained modules of a training checkpoint as a self-describing safetensors file.
 
-    /usr/bin/python3 tools/train/export.py --checkpoint /work/train-run/checkpoint.pt --out ldlm-demo.safetensors
+    /usr/bin/python3 tools/train/export.py --checkpoint build/train-run/checkpoint.pt --out ldlm-demo.safetensors
 
 The file holds encoder.*, latent_decoder.* (with the frozen mask_vector, kept F32 so it
 stays exactly the generator's row), token_decoder.* and denoiser.* (its EMA weights)
@@ -52,7 +52,8 @@ def export(checkpoint: str, out: str, dtype: str = "bf16", allow_partial: bool =
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default="/work/train-run/checkpoint.pt")
+    ap.add_argument("--checkpoint", default=os.path.join(C.RUN_DIR, "checkpoint.pt"),
+                    help="train.py's checkpoint (default: build/train-run/checkpoint.pt of the repository)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16")
     ap.add_argument("--allow-partial", action="store_true", help="export a checkpoint of an unfinished run")

@@ -8,7 +8,7 @@ The model is loaded the way evaluate.py loads it (the reference modules of
 tools/reference/ldlm_torch.py, the trained tensors, the feature model regenerated from
 its seed), then every module runs on inputs that come from real text: held-out lines
 and modern English sentences, tokenized with GPT-2's tokenizer. The files have the
-layout of tests/data/model_small (docs/model.md#module-inputs-and-outputs):
+layout of tests/data/model_small (docs/model.md §Module inputs and outputs):
   <module>.inputs.safetensors, <module>.outputs.safetensors (fp32) and
   <module>.outputs.bf16.safetensors (matrix-product operands rounded to bf16, as
   ldlm's --precision bf16 computes).
@@ -91,7 +91,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="the demo model (export.py's output)")
     ap.add_argument("--out", required=True, help="directory of the dumps")
-    ap.add_argument("--data", default="/work/train-data", help="prepare_data.py's output, for held-out text")
+    ap.add_argument("--data", default=C.DATA_DIR,
+                    help="prepare_data.py's output, for held-out text (default: build/train-data)")
     a = ap.parse_args()
     model, meta = C.load_model_file(a.model)
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Build the demo model's corpus from Debian packages and tokenize it with GPT-2's BPE.
 
-    /usr/bin/python3 tools/train/prepare_data.py [--out /work/train-data]
+    /usr/bin/python3 tools/train/prepare_data.py [--out build/train-data]
 
 Needs the Debian packages below (installed by name with apt-get) and
 `npm ci` run once in tools/train (tiktoken for the tokenizer).
@@ -12,7 +12,7 @@ Sources, one document per unit; a unit is held out whole (never single tokens):
   python3-doc (python3.11-doc)  one prose paragraph of the reST sources
   wordnet-base             one synset: "lemma: gloss. Example sentences."
 
-Writes into --out (nothing goes into the repository):
+Writes into --out (default build/train-data, which git ignores):
   docs.jsonl                 {"source", "key", "split", "text"} per document
   {train,heldout}.tokens.u16 every document's ids followed by the ids of "\n\n", concatenated
   {train,heldout}.docs.u32   start offset of every document in the token stream
@@ -34,7 +34,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import SOURCES  # noqa: E402
+from common import DATA_DIR, SOURCES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HELDOUT_PER_MILLE = 20  # 2% of the documents of every source
@@ -196,7 +196,7 @@ def sha256(path: str) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="/work/train-data", help="output directory (outside the repository)")
+    ap.add_argument("--out", default=DATA_DIR, help="output directory (default: build/train-data of the repository)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Train the demo LDLM: the autoencoder, then the denoiser on its latents.
 
-    nice -n 10 /usr/bin/python3 tools/train/train.py --data /work/train-data --work /work/train-run --threads 2
+    nice -n 10 /usr/bin/python3 tools/train/train.py --data build/train-data --work build/train-run --threads 2
 
 Phase 1, steps [0, ae_steps): encoder + latent decoder + token decoder on reconstruction
 cross-entropy (sampled softmax: the batch's own ids plus --negatives uniform ids), with
@@ -39,8 +39,8 @@ RECIPE = ("seed", "ae_steps", "dn_steps", "tokens", "min_len", "max_len", "ae_lr
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="/work/train-data", help="output of prepare_data.py")
-    ap.add_argument("--work", default="/work/train-run", help="checkpoint and log directory")
+    ap.add_argument("--data", default=C.DATA_DIR, help="output of prepare_data.py (default: build/train-data)")
+    ap.add_argument("--work", default=C.RUN_DIR, help="checkpoint and log directory (default: build/train-run)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ae-steps", type=int, default=6000)

@@ -1,7 +1,7 @@
 // Numeric precision of the matrix products, and bfloat16 values.
 //
 // The model was trained under bf16 autocast; ldlm's bf16 mode mirrors it (see
-// docs/model.md#precision): every matrix product takes bf16 operands (weights and
+// docs/model.md §Precision): every matrix product takes bf16 operands (weights and
 // activations, attention's QKᵀ and P·V included) and accumulates and returns fp32,
 // while norms, softmax, softcap, rotary, modulation, residuals and the residual
 // stream stay fp32. The product of two bf16 values is exact in fp32, so a bf16

@@ -3,7 +3,7 @@
 // with a GEMM, caps and exponentiates them, multiplies by V and normalises; a
 // task holds at most tile_rows × Tk scores, in scratch reserved once per call.
 //
-// In bf16 (docs/model.md#precision) Q, K and V are rounded to bf16 once, and the
+// In bf16 (docs/model.md §Precision) Q, K and V are rounded to bf16 once, and the
 // softmax, computed in fp32 and normalised, is rounded to bf16 before P·V: the
 // order of `softmax(q kᵀ) @ v` under autocast, whose fp32 softmax output is cast
 // for the second product.

@@ -3,9 +3,6 @@
 // column blocks of the adaLN output.
 #pragma once
 
-#include <array>
-#include <cstdint>
-
 #include "ldlm/ops/norm.hpp"
 
 namespace ldlm {
@@ -16,13 +13,6 @@ template <class S>
 void modulate_row(const S* x, const S* shift, const S* scale, Index n, S* y) {
   const ConstRowVectorMap<S> x_row(x, n), shift_row(shift, n), scale_row(scale, n);
   RowVectorMap<S>(y, n) = x_row.cwiseProduct((scale_row.array() + S(1)).matrix()) + shift_row;
-}
-
-/// [rows, cols] of a matrix for check_shape, without the heap allocation of a
-/// Shape: these checks run on every call, inside the allocation-free sampling loop.
-template <class M>
-std::array<std::int64_t, 2> extents(const M& m) {
-  return {m.rows(), m.cols()};
 }
 
 inline void check_modulate_shapes(const char* op, Index rows, Index d, Index T, Index shift_rows, Index shift_cols,
@@ -56,7 +46,7 @@ template <class S>
 void layer_norm_modulate(Context& ctx, ConstMatRef<S> x, const S* gamma, float eps, ConstMatRef<S> shift,
                          ConstMatRef<S> scale, Index T, MatRef<S> y) {
   const Index d = x.cols();
-  detail::check_norm_shapes("layer_norm_modulate", d, y.rows(), x.rows(), y.cols(), d);
+  detail::check_norm_shapes("layer_norm_modulate", detail::extents(x), d, detail::extents(y));
   detail::check_modulate_shapes("layer_norm_modulate", x.rows(), d, T, shift.rows(), shift.cols(), scale.rows(),
                                 scale.cols(), y.rows(), y.cols());
   for_each_row(ctx, x.rows(), [&](Index r) {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
 
 #include "ldlm/core/context.hpp"
 #include "ldlm/ops/linear.hpp"
@@ -11,10 +13,20 @@
 namespace ldlm {
 
 namespace detail {
-inline void check_norm_shapes(const char* op, Index x_cols, Index y_rows, Index x_rows, Index y_cols, Index gain) {
-  if (x_cols != gain || y_cols != x_cols || y_rows != x_rows)
-    throw ShapeError(std::string(op) + ": x " + shape_string(Shape{x_rows, x_cols}) + ", weight " +
-                     shape_string(Shape{gain}) + ", y " + shape_string(Shape{y_rows, y_cols}) + " do not fit");
+/// [rows, cols] of a matrix for the shape checks, without the heap allocation of a
+/// Shape: these checks run on every call, inside the allocation-free sampling loop.
+template <class M>
+std::array<std::int64_t, 2> extents(const M& m) {
+  return {m.rows(), m.cols()};
+}
+
+/// Throws ShapeError unless x [rows, n], the gain [n] and y [rows, n] agree; the
+/// arguments come in the order the message names them.
+inline void check_norm_shapes(const char* op, std::array<std::int64_t, 2> x, std::int64_t gain,
+                              std::array<std::int64_t, 2> y) {
+  if (x[1] != gain || y != x)
+    throw ShapeError(std::string(op) + ": x " + shape_string(x) + ", weight " +
+                     shape_string(std::array<std::int64_t, 1>{gain}) + ", y " + shape_string(y) + " do not fit");
 }
 
 /// One row of layer_norm_gain: y[0, n) from x[0, n). y may alias x.
@@ -33,7 +45,7 @@ void layer_norm_gain_row(const S* x, const S* gamma, float eps, Index n, S* y) {
 template <class S>
 void layer_norm_gain(Context& ctx, ConstMatRef<S> x, const S* gamma, float eps, MatRef<S> y) {
   const Index n = x.cols();
-  detail::check_norm_shapes("layer_norm_gain", n, y.rows(), x.rows(), y.cols(), n);
+  detail::check_norm_shapes("layer_norm_gain", detail::extents(x), n, detail::extents(y));
   for_each_row(ctx, x.rows(),
                [&](Index r) { detail::layer_norm_gain_row(x.row(r).data(), gamma, eps, n, y.row(r).data()); });
 }
@@ -42,7 +54,7 @@ void layer_norm_gain(Context& ctx, ConstMatRef<S> x, const S* gamma, float eps, 
 template <class S>
 void layer_norm(Context& ctx, ConstMatRef<S> x, const S* gamma, const S* beta, S eps, MatRef<S> y) {
   const Index n = x.cols();
-  detail::check_norm_shapes("layer_norm", n, y.rows(), x.rows(), y.cols(), n);
+  detail::check_norm_shapes("layer_norm", detail::extents(x), n, detail::extents(y));
   ConstRowVectorMap<S> g(gamma, n), b(beta, n);
   for_each_row(ctx, x.rows(), [&](Index r) {
     const S mean = x.row(r).mean();
@@ -56,7 +68,7 @@ void layer_norm(Context& ctx, ConstMatRef<S> x, const S* gamma, const S* beta, S
 template <class S>
 void rms_norm(Context& ctx, ConstMatRef<S> x, const S* gamma, S eps, MatRef<S> y) {
   const Index n = x.cols();
-  detail::check_norm_shapes("rms_norm", n, y.rows(), x.rows(), y.cols(), n);
+  detail::check_norm_shapes("rms_norm", detail::extents(x), n, detail::extents(y));
   ConstRowVectorMap<S> g(gamma, n);
   const S inv_sqrt_n = S(1) / std::sqrt(static_cast<S>(n));
   for_each_row(ctx, x.rows(), [&](Index r) {

@@ -81,16 +81,6 @@ inline void check_sampling_arguments(std::string_view op, const Config& c, Index
     throw InvalidArgument(where + ": config 'schedule_d' must be > 0, got " + std::to_string(c.schedule_d));
 }
 
-/// Samples latents z [B*T, d] with the denoiser (docs/model.md §Sampler):
-///   x ~ N(0, I) at t_0 = 1 (the first B*T*d normals of the seed, row-major);
-///   for i = 0..N-1: x̂0 = denoiser(x, t_i, self_cond) with self_cond = the previous
-///     step's x̂0 (zeros at i = 0); then an Euler step from t_i to t_{i+1}; the SDE
-///     draws ξ for steps 0..N-2 (the next B*T*d normals each).
-///   The result, "the last deterministic mean", is the final step's x without its
-///   noise term: x_{N-1} + drift·dt at t_N = t_min (for the ODE, simply the final x).
-///   It is not the last x̂0; the final step's ξ would be discarded, so none is drawn.
-/// No heap allocation inside the loop: x, x̂0, self_cond, ξ, the times and the
-/// rotary table live in the context's arena, set up once before the first step.
 namespace detail {
 /// sample_latents after check_sampling_arguments: the caller has checked B, T and steps.
 template <class S>
@@ -150,6 +140,17 @@ Tensor3<S> sample_latent_tensor(std::string_view op, Context& ctx, const Denoise
 }
 }  // namespace detail
 
+/// Checks the arguments (errors name "sample"), then samples latents z [B*T, d] with
+/// the denoiser (docs/model.md §Sampler):
+///   x ~ N(0, I) at t_0 = 1 (the first B*T*d normals of the seed, row-major);
+///   for i = 0..N-1: x̂0 = denoiser(x, t_i, self_cond) with self_cond = the previous
+///     step's x̂0 (zeros at i = 0); then an Euler step from t_i to t_{i+1}; the SDE
+///     draws ξ for steps 0..N-2 (the next B*T*d normals each).
+///   The result, "the last deterministic mean", is the final step's x without its
+///   noise term: x_{N-1} + drift·dt at t_N = t_min (for the ODE, simply the final x).
+///   It is not the last x̂0; the final step's ξ would be discarded, so none is drawn.
+/// No heap allocation inside the loop: x, x̂0, self_cond, ξ, the times and the
+/// rotary table live in the context's arena, set up once before the first step.
 template <class S>
 void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options,
                     std::type_identity_t<MatRef<S>> z) {
