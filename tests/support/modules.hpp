@@ -1,5 +1,5 @@
 // Test support: running one LDLM module on the inputs of a reference dump, by the
-// module names of docs/model.md#module-inputs-and-outputs.
+// module names of docs/model.md §Module inputs and outputs.
 #pragma once
 
 #include <string>

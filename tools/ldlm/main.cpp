@@ -39,7 +39,7 @@ const Option kThreadsOption{"threads", "N", "threads of the execution context (d
 const Option kWeightsOption{"weights", "W.safetensors", "parameters under their full state-dict names"};
 const Option kPrecisionOption{"precision", "fp32|bf16",
                               "precision of the matrix products (default fp32); bf16 keeps norms, softmax and\n"
-                              "the residual stream in fp32 (docs/model.md#precision)"};
+                              "the residual stream in fp32 (docs/model.md §Precision)"};
 const Option kInitSeedOption{"init-seed", "S",
                              "generator weights of this seed instead of the built-in model (with --config: of that\n"
                              "configuration, default seed " +
@@ -546,7 +546,7 @@ const Command kGenerate{
     "generate",
     "sample token sequences with the diffusion model",
     "",
-    "Sample latents with the denoiser (N Euler steps from pure noise; docs/model.md#sampler),\n"
+    "Sample latents with the denoiser (N Euler steps from pure noise; docs/model.md §Sampler),\n"
     "decode them and print the text: one sample, or each of --batch samples after a\n"
     "'--- sample i of B ---' line. Token ids, one line per sample, with --ids or when no\n"
     "tokenizer fits the model's vocabulary (GPT-2's built-in one fits V = " +
