@@ -97,6 +97,32 @@ TEST(Bf16Conversion, VectorPathEqualsScalarRoundingBitForBit) {
   EXPECT_EQ(static_cast<std::uint16_t>(float_to_bf16(3.4e38f)), 0x7f80);  // beyond bf16's max: infinity
 }
 
+TEST(Bf16Conversion, ScaledConversionRoundsTheFp32Product) {
+  // Attention normalises its probabilities inside the conversion: x · scale must be
+  // rounded to fp32 first, exactly as a separate multiply would, on every path
+  // (32-lane blocks and the scalar tail).
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  std::vector<float> x(1000);
+  for (float& v : x) v = value(rng);
+  x[7] = std::numeric_limits<float>::quiet_NaN();
+  x[8] = std::numeric_limits<float>::infinity();
+  x[999] = 1.0e-39f;
+  for (const float scale : {1.0f, 1.0f / 3.0f, 7.5e-4f}) {
+    std::vector<bf16> converted(x.size());
+    std::vector<float> rounded(x.size());
+    to_bf16(x.data(), static_cast<std::int64_t>(x.size()), converted.data(), scale);
+    round_to_bf16(x.data(), static_cast<std::int64_t>(x.size()), rounded.data(), scale);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const float product = x[i] * scale;
+      ASSERT_EQ(static_cast<std::uint16_t>(converted[i]), static_cast<std::uint16_t>(float_to_bf16(product)))
+          << "x = " << x[i] << ", scale = " << scale << ", index " << i;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(rounded[i]), std::bit_cast<std::uint32_t>(round_to_bf16(product)))
+          << "x = " << x[i] << ", scale = " << scale << ", index " << i;
+    }
+  }
+}
+
 TEST(Bf16Conversion, PrecisionNames) {
   EXPECT_EQ(parse_precision("bf16"), Precision::bf16);
   EXPECT_EQ(parse_precision("fp32"), Precision::fp32);

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -511,6 +512,32 @@ TEST(ReliabilityInputs, ThreadCountMustBePositive) {
   EXPECT_THAT(error_of<InvalidArgument>([] { Context ctx(-1); }),
               HasSubstr("ThreadPool: thread count must be >= 1, got -1"));
   EXPECT_THAT(error_of<InvalidArgument>([] { Context ctx(0); }), HasSubstr("got 0"));
+}
+
+TEST(ReliabilityInputs, WorkerArenasBelongToTheirWorkers) {
+  ThreadPool pool(3);
+  Context ctx(pool);
+  EXPECT_THAT(error_of<InvalidArgument>([&] { ctx.worker_arena(3); }),
+              HasSubstr("Context::worker_arena: worker 3 of a pool of 3 threads"));
+  EXPECT_THAT(error_of<InvalidArgument>([&] { ctx.worker_arena(-1); }), HasSubstr("worker -1"));
+  // Each worker's scratch is its own: tasks on different workers never share a buffer,
+  // and none of it comes from the caller's arena.
+  std::vector<std::byte*> buffers(3, nullptr);
+  pool.parallel_for(64, [&](Index, int worker) {
+    Arena::Scope scope(ctx.worker_arena(worker));
+    std::byte* p = ctx.worker_arena(worker).allocate<std::byte>(1 << 16);
+    std::fill_n(p, 1 << 16, std::byte{static_cast<unsigned char>(worker)});
+    buffers[static_cast<std::size_t>(worker)] = p;
+  });
+  for (std::size_t w = 0; w < buffers.size(); ++w) {
+    if (!buffers[w]) continue;  // this worker ran no task
+    for (std::size_t v = w + 1; v < buffers.size(); ++v) {
+      EXPECT_NE(buffers[w], buffers[v]);
+    }
+  }
+  EXPECT_EQ(ctx.arena().capacity(), 0u);
+  EXPECT_EQ(&ctx.worker_arena(1), &ctx.worker_arena(1));
+  EXPECT_NE(&ctx.worker_arena(0), &ctx.worker_arena(1));
 }
 
 TEST(ReliabilityInputs, RankMismatchNamesBothShapes) {

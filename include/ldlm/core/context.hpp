@@ -222,13 +222,26 @@ class Arena {
 class Context {
  public:
   /// Owns a pool of `threads` threads (1 = run on the calling thread only).
-  explicit Context(int threads = 1) : owned_(std::make_unique<ThreadPool>(threads)), pool_(owned_.get()) {}
+  explicit Context(int threads = 1) : owned_(std::make_unique<ThreadPool>(threads)), pool_(owned_.get()) {
+    make_worker_arenas();
+  }
   /// Uses a caller-owned pool, which must outlive the context.
-  explicit Context(ThreadPool& pool) : pool_(&pool) {}
+  explicit Context(ThreadPool& pool) : pool_(&pool) { make_worker_arenas(); }
 
   ThreadPool& pool() { return *pool_; }
   int threads() const { return pool_->size(); }
+  /// The calling thread's scratch, for buffers that outlive a parallel_for.
   Arena& arena() { return arena_; }
+  /// The scratch of one parallel_for worker (the `worker` its tasks are given),
+  /// for buffers that live inside a task. Each worker's arena is its own allocation:
+  /// carved from one shared block at power-of-two strides, two workers' attention
+  /// tiles ran 10-15 % slower at 2 threads on an AMD Zen 5 (bench/results/README.md).
+  Arena& worker_arena(int worker) {
+    if (worker < 0 || worker >= threads())
+      throw InvalidArgument("Context::worker_arena: worker " + std::to_string(worker) + " of a pool of " +
+                            std::to_string(threads()) + " threads");
+    return *worker_arenas_[static_cast<std::size_t>(worker)];
+  }
 
   /// When set, modules check their outputs for NaN/Inf and throw NumericError.
   bool check_finite = false;
@@ -241,9 +254,14 @@ class Context {
   std::function<void(std::string_view module, std::string_view name, const Matrix<double>& value)> block_observer;
 
  private:
+  void make_worker_arenas() {
+    for (int w = 0; w < pool_->size(); ++w) worker_arenas_.push_back(std::make_unique<Arena>());
+  }
+
   std::unique_ptr<ThreadPool> owned_;
   ThreadPool* pool_;
   Arena arena_;
+  std::vector<std::unique_ptr<Arena>> worker_arenas_;  // one per pool thread, each allocated on first use
 };
 
 /// Runs f(row) for every row in [0, rows), in chunks of rows over the context's

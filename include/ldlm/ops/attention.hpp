@@ -87,11 +87,13 @@ void exponentiate_tile_scores(MatrixMap<S> P, Index first_query, bool causal, S 
     row_sum[r] = exp_shifted_capped(P.row(r).data(), visible, cap);
     P.row(r).tail(keys - visible).setZero();  // masked keys: exp(-inf) = 0
     if (!bf16_probabilities) continue;
-    P.row(r) *= S(1) / row_sum[r];
+    const S inverse = S(1) / row_sum[r];
     if constexpr (!std::is_same_v<E, S>)
-      to_bf16(P.row(r).data(), keys, probabilities + r * keys);
+      to_bf16(P.row(r).data(), keys, probabilities + r * keys, inverse);
     else if constexpr (std::is_same_v<S, float>)
-      round_to_bf16(P.row(r).data(), keys, P.row(r).data());
+      round_to_bf16(P.row(r).data(), keys, P.row(r).data(), inverse);
+    else
+      P.row(r) *= inverse;
   }
 }
 
@@ -108,18 +110,7 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   const S cap = static_cast<S>(options.softcap);
 
-  // Every worker's scores start 64-byte aligned: the generic exponentials
-  // (ops/softmax.hpp) compute a row's unaligned head with scalar exp/tanh, which
-  // round differently from the vector ones, so the alignment must not depend on
-  // which worker runs a tile.
-  constexpr Index kAlignFloats = 64 / static_cast<Index>(sizeof(S));
-  const Index worker_stride = (tile_rows * Tk + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   constexpr bool convert_probabilities = !std::is_same_v<E, S>;  // bf16 operands: P gets its own copy
-  Arena::Scope scope(ctx.arena());
-  S* scratch = ctx.arena().allocate<S>(static_cast<std::size_t>(ctx.threads() * worker_stride));
-  E* probabilities = convert_probabilities
-                         ? ctx.arena().allocate<E>(static_cast<std::size_t>(ctx.threads() * worker_stride))
-                         : nullptr;
 
   ctx.pool().parallel_for(B * H * tiles, [&](Index task, int worker) {
     const Index tile = task % tiles, h = (task / tiles) % H, b = task / (tiles * H);
@@ -130,8 +121,13 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
     const E* K = k.data + b * Tk * k.row_stride + h * hd;
     const E* V = v.data + b * Tk * v.row_stride + h * hd;
     S* O = out + (b * Tq + i0) * out_stride + h * hd;
-    MatrixMap<S> P(scratch + static_cast<Index>(worker) * worker_stride, rows, keys);  // [rows, keys]
-    E* P_operand = convert_probabilities ? probabilities + static_cast<Index>(worker) * worker_stride
+    // Arena blocks are 64-byte aligned, whichever worker runs the tile: the generic
+    // exponentials (ops/softmax.hpp) compute a row's unaligned head with scalar
+    // exp/tanh, which round differently from the vector ones.
+    Arena& arena = ctx.worker_arena(worker);
+    Arena::Scope scope(arena);
+    MatrixMap<S> P(arena.allocate<S>(static_cast<std::size_t>(rows * keys)), rows, keys);  // [rows, keys]
+    E* P_operand = convert_probabilities ? arena.allocate<E>(static_cast<std::size_t>(rows * keys))
                                          : reinterpret_cast<E*>(P.data());
     std::array<S, kAttentionQueryTile> row_sum;
 

@@ -68,14 +68,13 @@ void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const flo
   if (M == 0) return;
   const Index parts = std::clamp<Index>(M / 16, 1, ctx.threads());
   const Index chunk = (M + parts - 1) / parts;
-  Arena::Scope scope(ctx.arena());
-  const std::size_t scratch_stride = (w.scratch_bytes(chunk) + 63) / 64 * 64;
-  std::byte* scratch = ctx.arena().allocate<std::byte>(scratch_stride * static_cast<std::size_t>(parts));
-  ctx.pool().parallel_for(parts, [&](Index part, int) {
+  ctx.pool().parallel_for(parts, [&](Index part, int worker) {
     const Index r0 = part * chunk, rows = std::min(chunk, M - r0);
     if (rows <= 0) return;
+    Arena& arena = ctx.worker_arena(worker);
+    Arena::Scope scope(arena);
     w.multiply(x.row(r0).data(), x.outerStride(), rows, bias, y.row(r0).data(), y.outerStride(),
-               scratch + scratch_stride * static_cast<std::size_t>(part));
+               arena.allocate<std::byte>(w.scratch_bytes(rows)));
     if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(y.middleRows(r0, rows));
   });
 }
