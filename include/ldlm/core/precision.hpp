@@ -65,8 +65,8 @@ __attribute__((target("avx512f"))) inline __m512i bf16_high_bits_avx512(__m512 v
   return _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x400000));
 }
 
-/// One pass: a multiply, the rounding, and one permute that packs the upper halves
-/// of 32 lanes (vpmovdw would take two slower instructions per 16 lanes).
+/// One pass, so that attention's probabilities are normalised as they are narrowed:
+/// a multiply, the rounding, and one permute that packs the upper halves of 32 lanes.
 __attribute__((target("avx512f,avx512bw"))) inline void to_bf16_avx512(const float* x, std::int64_t n, bf16* y,
                                                                        float scale) {
   const __m512 factor = _mm512_set1_ps(scale);
