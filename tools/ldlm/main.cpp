@@ -395,20 +395,24 @@ int run_forward(const Args& args) {
 // ldlm compare
 // ---------------------------------------------------------------------------
 
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+/// compare's atol and rtol when not given.
+constexpr double kDefaultCompareTolerance = 1e-5;
+
 const Command kCompare{
     "compare",
     "compare two safetensors files tensor by tensor",
     "OUT.safetensors REF.safetensors",
     "Check every tensor of REF against OUT: same shape and |out - ref| <= atol + rtol*|ref|\n"
     "elementwise. Prints one line per tensor; exits 1 on any mismatch.",
-    {{"atol", "A", "absolute tolerance (default 1e-5)"}, {"rtol", "R", "relative tolerance (default 1e-5)"}},
+    {{"atol", "A", "absolute tolerance (default " + number(kDefaultCompareTolerance) + ")"},
+     {"rtol", "R", "relative tolerance (default " + number(kDefaultCompareTolerance) + ")"}},
     ""};
-
-std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
 
 /// The line of a tensor that both files hold with the same shape.
 std::string comparison_line(const std::string& label, const Shape& shape, const Comparison& c, Tolerance tol) {
@@ -443,7 +447,8 @@ bool compare_tensor(const SafetensorsFile& out, const SafetensorsFile& ref, cons
 
 int run_compare(const Args& args) {
   args.expect_positionals(2, 2);
-  const Tolerance tol{args.get_double("atol", 1e-5, 0.0), args.get_double("rtol", 1e-5, 0.0)};
+  const Tolerance tol{args.get_double("atol", kDefaultCompareTolerance, 0.0),
+                      args.get_double("rtol", kDefaultCompareTolerance, 0.0)};
   const auto out = SafetensorsFile::open(args.positionals()[0]);
   const auto ref = SafetensorsFile::open(args.positionals()[1]);
   int bad = 0, count = 0;
@@ -540,6 +545,7 @@ constexpr Index kDefaultLength = 32;
 constexpr Index kDefaultBatch = 1;
 constexpr Index kMaxBatch = Index{1} << 16;
 constexpr int kDefaultSteps = 16;
+constexpr std::uint64_t kDefaultNoiseSeed = 0;
 constexpr int kMaxSteps = 1 << 20;
 
 const Command kGenerate{
@@ -556,7 +562,9 @@ const Command kGenerate{
                          "number of sequences, 1 to " + std::to_string(kMaxBatch) + " (default " +
                              std::to_string(kDefaultBatch) + ")"},
                         {"steps", "N", "denoiser steps (default " + std::to_string(kDefaultSteps) + ")"},
-                        {"seed", "S", "noise seed (default 0); the same seed and --threads give the same tokens"},
+                        {"seed", "S",
+                         "noise seed (default " + std::to_string(kDefaultNoiseSeed) +
+                             "); the same seed and --threads give the same tokens"},
                         {"sampler", "sde|ode", "Euler SDE (default) or probability-flow ODE"}},
                        {{"output", "FILE", "write the samples there instead of stdout"},
                         {"ids", "", "print token ids, one line per sample, instead of text"},
@@ -594,7 +602,7 @@ class ProgressBar {
 SamplerOptions sampler_options(const Args& args) {
   SamplerOptions options;
   options.steps = static_cast<int>(args.get_int("steps", kDefaultSteps, 1, kMaxSteps));
-  options.seed = args.get_uint("seed", 0);
+  options.seed = args.get_uint("seed", kDefaultNoiseSeed);
   const std::string sampler = args.get("sampler", "sde");
   if (sampler == "sde")
     options.kind = SamplerKind::sde;
