@@ -56,7 +56,8 @@ void linear(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> w, const S* bias, Mat
 
 /// y[M, N] = x[M, K] · W (+ bias[N]) with a packed weight, then `epilogue` on each
 /// finished block of rows, as above. Rows are split over the threads in blocks of
-/// at least 16 (packed kernels keep their speed down to about that many rows).
+/// at least 16 (packed kernels keep their speed down to that many rows, and lose it
+/// below: bench/results/README.md).
 /// y must not alias x.
 template <class Epilogue = std::nullptr_t>
 void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
