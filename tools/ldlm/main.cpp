@@ -404,15 +404,14 @@ std::string number(double v) {
 /// compare's atol and rtol when not given.
 constexpr double kDefaultCompareTolerance = 1e-5;
 
-const Command kCompare{
-    "compare",
-    "compare two safetensors files tensor by tensor",
-    "OUT.safetensors REF.safetensors",
-    "Check every tensor of REF against OUT: same shape and |out - ref| <= atol + rtol*|ref|\n"
-    "elementwise. Prints one line per tensor; exits 1 on any mismatch.",
-    {{"atol", "A", "absolute tolerance (default " + number(kDefaultCompareTolerance) + ")"},
-     {"rtol", "R", "relative tolerance (default " + number(kDefaultCompareTolerance) + ")"}},
-    ""};
+const Command kCompare{"compare",
+                       "compare two safetensors files tensor by tensor",
+                       "OUT.safetensors REF.safetensors",
+                       "Check every tensor of REF against OUT: same shape and |out - ref| <= atol + rtol*|ref|\n"
+                       "elementwise. Prints one line per tensor; exits 1 on any mismatch.",
+                       {{"atol", "A", "absolute tolerance (default " + number(kDefaultCompareTolerance) + ")"},
+                        {"rtol", "R", "relative tolerance (default " + number(kDefaultCompareTolerance) + ")"}},
+                       ""};
 
 /// The line of a tensor that both files hold with the same shape.
 std::string comparison_line(const std::string& label, const Shape& shape, const Comparison& c, Tolerance tol) {
