@@ -38,6 +38,8 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <bit>
+#include <cstdint>
 #include <random>
 #include <set>
 #include <sstream>
@@ -97,18 +99,60 @@ TEST(Bf16Conversion, VectorPathEqualsScalarRoundingBitForBit) {
   EXPECT_EQ(static_cast<std::uint16_t>(float_to_bf16(3.4e38f)), 0x7f80);  // beyond bf16's max: infinity
 }
 
+/// Values x whose product x · scale in fp32 lies exactly halfway between two bf16
+/// values while the exact product does not, on the side away from the even one: a
+/// conversion that skipped the fp32 rounding of the product would round them the
+/// other way.
+std::vector<float> fp32_ties_of_products(float scale, std::size_t count) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> value(1.0f, 2.0f);
+  std::vector<float> ties;
+  for (int attempt = 0; attempt < 50'000'000 && ties.size() < count; ++attempt) {
+    const float x = value(rng), product = x * scale;
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(product);
+    const double exact = static_cast<double>(x) * static_cast<double>(scale);
+    if ((bits & 0xffffu) != 0x8000u || exact == static_cast<double>(product)) continue;
+    const std::uint16_t rounded_from_exact = static_cast<std::uint16_t>((bits >> 16) + (exact > product ? 1 : 0));
+    if (rounded_from_exact != static_cast<std::uint16_t>(float_to_bf16(product))) ties.push_back(x);
+  }
+  return ties;
+}
+
 TEST(Bf16Conversion, ScaledConversionRoundsTheFp32Product) {
   // Attention normalises its probabilities inside the conversion: x · scale must be
-  // rounded to fp32 first, exactly as a separate multiply would, on every path
-  // (32-lane blocks and the scalar tail).
+  // rounded to fp32 first, exactly as a separate multiply would, in both halves of a
+  // 32-lane block, in the 16-lane step and in the scalar tail.
+  constexpr float kThird = 1.0f / 3.0f;
+  const std::vector<float> ties = fp32_ties_of_products(kThird, 16);
+  ASSERT_EQ(ties.size(), 16u);
+  const float kInf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {-0.0f,
+                                      0.0f,
+                                      std::numeric_limits<float>::max(),
+                                      3.0e38f,
+                                      -3.0e38f,
+                                      1.0e-39f,
+                                      -2.5e-40f,
+                                      std::numeric_limits<float>::quiet_NaN(),
+                                      kInf,
+                                      -kInf,
+                                      1.00390625f,
+                                      1.01171875f,
+                                      2.0078125f,
+                                      1.0e-38f,
+                                      -1.5f,
+                                      65504.0f};
+  std::vector<float> x;
+  for (const std::vector<float>* part : {&special, &ties, &ties, &special})
+    x.insert(x.end(), part->begin(), part->end());
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> value(-4.0f, 4.0f);
-  std::vector<float> x(1000);
-  for (float& v : x) v = value(rng);
-  x[7] = std::numeric_limits<float>::quiet_NaN();
-  x[8] = std::numeric_limits<float>::infinity();
-  x[999] = 1.0e-39f;
-  for (const float scale : {1.0f, 1.0f / 3.0f, 7.5e-4f}) {
+  for (int i = 0; i < 992; ++i) x.push_back(value(rng));
+  x.insert(x.end(), special.begin(), special.end());  // the 16-lane step
+  x.insert(x.end(), ties.begin(), ties.begin() + 7);  // the scalar tail
+  ASSERT_EQ(x.size() % 32, 23u);
+
+  for (const float scale : {1.0f, kThird, 0.5f, 1.5f, 7.5e-4f}) {
     std::vector<bf16> converted(x.size());
     std::vector<float> rounded(x.size());
     to_bf16(x.data(), static_cast<std::int64_t>(x.size()), converted.data(), scale);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -515,29 +516,52 @@ TEST(ReliabilityInputs, ThreadCountMustBePositive) {
 }
 
 TEST(ReliabilityInputs, WorkerArenasBelongToTheirWorkers) {
-  ThreadPool pool(3);
+  ThreadPool pool(2);
   Context ctx(pool);
-  EXPECT_THAT(error_of<InvalidArgument>([&] { ctx.worker_arena(3); }),
-              HasSubstr("Context::worker_arena: worker 3 of a pool of 3 threads"));
+  EXPECT_THAT(error_of<InvalidArgument>([&] { ctx.worker_arena(2); }),
+              HasSubstr("Context::worker_arena: worker 2 of a pool of 2 threads"));
   EXPECT_THAT(error_of<InvalidArgument>([&] { ctx.worker_arena(-1); }), HasSubstr("worker -1"));
-  // Each worker's scratch is its own: tasks on different workers never share a buffer,
-  // and none of it comes from the caller's arena.
-  std::vector<std::byte*> buffers(3, nullptr);
-  pool.parallel_for(64, [&](Index, int worker) {
-    Arena::Scope scope(ctx.worker_arena(worker));
-    std::byte* p = ctx.worker_arena(worker).allocate<std::byte>(1 << 16);
-    std::fill_n(p, 1 << 16, std::byte{static_cast<unsigned char>(worker)});
-    buffers[static_cast<std::size_t>(worker)] = p;
+
+  // Two tasks that wait for each other run at once, on both workers. Each fills scratch
+  // from its worker's arena; a buffer shared between them would end up with one
+  // pattern in both.
+  constexpr std::size_t kBytes = 1 << 16;
+  std::latch filled(2), checked(2);
+  std::array<std::thread::id, 2> thread_of{};
+  std::array<std::ptrdiff_t, 2> own_bytes{};
+  pool.parallel_for(2, [&](Index, int worker) {
+    Arena& arena = ctx.worker_arena(worker);
+    Arena::Scope scope(arena);
+    std::byte* p = arena.allocate<std::byte>(kBytes);
+    const auto pattern = std::byte{static_cast<unsigned char>(worker + 1)};
+    std::fill_n(p, kBytes, pattern);
+    thread_of[static_cast<std::size_t>(worker)] = std::this_thread::get_id();
+    filled.arrive_and_wait();
+    own_bytes[static_cast<std::size_t>(worker)] = std::count(p, p + kBytes, pattern);
+    checked.arrive_and_wait();  // neither buffer is given back before both are counted
   });
-  for (std::size_t w = 0; w < buffers.size(); ++w) {
-    if (!buffers[w]) continue;  // this worker ran no task
-    for (std::size_t v = w + 1; v < buffers.size(); ++v) {
-      EXPECT_NE(buffers[w], buffers[v]);
-    }
-  }
-  EXPECT_EQ(ctx.arena().capacity(), 0u);
-  EXPECT_EQ(&ctx.worker_arena(1), &ctx.worker_arena(1));
-  EXPECT_NE(&ctx.worker_arena(0), &ctx.worker_arena(1));
+  EXPECT_EQ(own_bytes[0], static_cast<std::ptrdiff_t>(kBytes));
+  EXPECT_EQ(own_bytes[1], static_cast<std::ptrdiff_t>(kBytes));
+  EXPECT_NE(thread_of[0], thread_of[1]);
+
+  // A worker index names one thread for the pool's lifetime.
+  std::array<std::atomic<int>, 2> elsewhere{};
+  pool.parallel_for(256, [&](Index, int worker) {
+    if (std::this_thread::get_id() != thread_of[static_cast<std::size_t>(worker)]) ++elsewhere[worker];
+  });
+  EXPECT_EQ(elsewhere[0].load() + elsewhere[1].load(), 0);
+
+  // Attention and packed products take their task scratch from the workers' arenas,
+  // never from the caller's (which may hold the caller's own buffers meanwhile).
+  Context two(2);
+  const Matrix<float> qkv = Matrix<float>::Random(256, 3 * 64), x = Matrix<float>::Random(256, 64);
+  Matrix<float> attended(256, 64), y(256, 96);
+  attention<float>(two, {qkv.data(), 3 * 64}, {qkv.data() + 64, 3 * 64}, {qkv.data() + 128, 3 * 64}, attended.data(),
+                   64, AttentionShape{1, 256, 256, 2, 32}, AttentionOptions{});
+  linear(two, x, PackedMatrix::pack(Matrix<float>::Random(96, 64), WeightLayout::out_in, Precision::fp32), nullptr,
+         MatRef<float>(y));
+  EXPECT_EQ(two.arena().capacity(), 0u);
+  EXPECT_GT(two.worker_arena(0).capacity() + two.worker_arena(1).capacity(), 0u);
 }
 
 TEST(ReliabilityInputs, RankMismatchNamesBothShapes) {

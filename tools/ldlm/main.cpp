@@ -544,7 +544,7 @@ constexpr Index kDefaultLength = 32;
 constexpr Index kDefaultBatch = 1;
 constexpr Index kMaxBatch = Index{1} << 16;
 constexpr int kDefaultSteps = 16;
-constexpr std::uint64_t kDefaultNoiseSeed = 0;
+const std::uint64_t kDefaultNoiseSeed = SamplerOptions{}.seed;
 constexpr int kMaxSteps = 1 << 20;
 
 const Command kGenerate{

@@ -52,6 +52,10 @@ inline bf16 float_to_bf16(float f) {
 inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
 namespace detail {
+/// x · scale, or x untouched when !scale_values (scale = 1): a multiply by 1 would
+/// flush a subnormal x under a caller's flush-to-zero mode.
+inline float scaled_value(float x, float scale, bool scale_values) { return scale_values ? x * scale : x; }
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LDLM_HAVE_X86_KERNELS 1
 /// 16 lanes of float_to_bf16's arithmetic, bit for bit (the bf16 conversion
@@ -65,42 +69,58 @@ __attribute__((target("avx512f"))) inline __m512i bf16_high_bits_avx512(__m512 v
   return _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x400000));
 }
 
+/// 16 values from x, times factor when scale_values (see scaled_value).
+__attribute__((target("avx512f"))) inline __m512 scaled_values_avx512(const float* x, __m512 factor,
+                                                                      bool scale_values) {
+  const __m512 v = _mm512_loadu_ps(x);
+  return scale_values ? _mm512_mul_ps(factor, v) : v;
+}
+
 /// One pass, so that attention's probabilities are normalised as they are narrowed:
 /// a multiply, the rounding, and one permute that packs the upper halves of 32 lanes.
 __attribute__((target("avx512f,avx512bw"))) inline void to_bf16_avx512(const float* x, std::int64_t n, bf16* y,
                                                                        float scale) {
+  const bool scale_values = scale != 1.0f;
   const __m512 factor = _mm512_set1_ps(scale);
   const __m512i odd_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
                                               27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   std::int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512i low = bf16_high_bits_avx512(_mm512_mul_ps(factor, _mm512_loadu_ps(x + i)));
-    const __m512i high = bf16_high_bits_avx512(_mm512_mul_ps(factor, _mm512_loadu_ps(x + i + 16)));
+    const __m512i low = bf16_high_bits_avx512(scaled_values_avx512(x + i, factor, scale_values));
+    const __m512i high = bf16_high_bits_avx512(scaled_values_avx512(x + i + 16, factor, scale_values));
     _mm512_storeu_si512(y + i, _mm512_permutex2var_epi16(low, odd_halves, high));
   }
-  for (; i < n; ++i) y[i] = float_to_bf16(x[i] * scale);
+  if (i + 16 <= n) {
+    const __m512i bits = bf16_high_bits_avx512(scaled_values_avx512(x + i, factor, scale_values));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    i += 16;
+  }
+  for (; i < n; ++i) y[i] = float_to_bf16(scaled_value(x[i], scale, scale_values));
 }
 
 __attribute__((target("avx512f"))) inline void round_to_bf16_avx512(const float* x, std::int64_t n, float* y,
                                                                     float scale) {
+  const bool scale_values = scale != 1.0f;
   const __m512 factor = _mm512_set1_ps(scale);
   const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   std::int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_and_si512(
-                                bf16_high_bits_avx512(_mm512_mul_ps(factor, _mm512_loadu_ps(x + i))), high_half)));
-  for (; i < n; ++i) y[i] = round_to_bf16(x[i] * scale);
+                                bf16_high_bits_avx512(scaled_values_avx512(x + i, factor, scale_values)), high_half)));
+  for (; i < n; ++i) y[i] = round_to_bf16(scaled_value(x[i], scale, scale_values));
 }
 #endif
 }  // namespace detail
 
 /// y[i] = float_to_bf16(x[i] · scale), the product rounded to fp32 first (as a
-/// separate multiply would; scale = 1 changes nothing). y must not overlap x.
+/// separate multiply would); with scale = 1, y[i] = float_to_bf16(x[i]) and nothing
+/// is multiplied. y must not overlap x.
 inline void to_bf16(const float* x, std::int64_t n, bf16* y, float scale = 1.0f) {
 #if defined(LDLM_HAVE_X86_KERNELS)
   if (cpu_features().avx512bw) return detail::to_bf16_avx512(x, n, y, scale);
 #endif
-  for (std::int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i] * scale);
+  const bool scale_values = scale != 1.0f;
+  for (std::int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(detail::scaled_value(x[i], scale, scale_values));
 }
 
 /// y[i] = round_to_bf16(x[i] · scale), as to_bf16; y may be x.
@@ -108,7 +128,8 @@ inline void round_to_bf16(const float* x, std::int64_t n, float* y, float scale 
 #if defined(LDLM_HAVE_X86_KERNELS)
   if (cpu_features().avx512f) return detail::round_to_bf16_avx512(x, n, y, scale);
 #endif
-  for (std::int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(x[i] * scale);
+  const bool scale_values = scale != 1.0f;
+  for (std::int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(detail::scaled_value(x[i], scale, scale_values));
 }
 
 }  // namespace ldlm

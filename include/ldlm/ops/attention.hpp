@@ -1,7 +1,7 @@
 // Scaled dot-product attention over many heads, tile by tile. For each (batch,
 // head, tile of queries) one task computes the tile's scores against every key
 // with a GEMM, caps and exponentiates them, multiplies by V and normalises; a
-// task holds at most tile_rows × Tk scores, in scratch reserved once per call.
+// task holds at most tile_rows × Tk scores, in its worker's scratch arena.
 //
 // In bf16 (docs/model.md §Precision) Q, K and V are rounded to bf16 once, and the
 // softmax, computed in fp32 and normalised, is rounded to bf16 before P·V: the
@@ -126,9 +126,10 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
     // exp/tanh, which round differently from the vector ones.
     Arena& arena = ctx.worker_arena(worker);
     Arena::Scope scope(arena);
-    MatrixMap<S> P(arena.allocate<S>(static_cast<std::size_t>(rows * keys)), rows, keys);  // [rows, keys]
-    E* P_operand = convert_probabilities ? arena.allocate<E>(static_cast<std::size_t>(rows * keys))
-                                         : reinterpret_cast<E*>(P.data());
+    // Every task asks for the largest tile, so a worker's arena is sized by its first.
+    const auto tile_capacity = static_cast<std::size_t>(tile_rows * Tk);
+    MatrixMap<S> P(arena.allocate<S>(tile_capacity), rows, keys);  // [rows, keys]
+    E* P_operand = convert_probabilities ? arena.allocate<E>(tile_capacity) : reinterpret_cast<E*>(P.data());
     std::array<S, kAttentionQueryTile> row_sum;
 
     attention_product<E, S>(Q, q.row_stride, K, k.row_stride, true, rows, keys, hd, scale, P.data(),

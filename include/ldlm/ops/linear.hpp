@@ -56,8 +56,8 @@ void linear(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> w, const S* bias, Mat
 
 /// y[M, N] = x[M, K] · W (+ bias[N]) with a packed weight, then `epilogue` on each
 /// finished block of rows, as above. Rows are split over the threads in blocks of
-/// at least 16 (packed kernels keep their speed down to that many rows, and lose it
-/// below: bench/results/README.md).
+/// at least 16 (packed kernels keep their speed down to that many rows; below, bf16
+/// loses it at 8 rows and fp32 at 4: bench/results/README.md).
 /// y must not alias x.
 template <class Epilogue = std::nullptr_t>
 void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
@@ -75,7 +75,7 @@ void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const flo
     Arena& arena = ctx.worker_arena(worker);
     Arena::Scope scope(arena);
     w.multiply(x.row(r0).data(), x.outerStride(), rows, bias, y.row(r0).data(), y.outerStride(),
-               arena.allocate<std::byte>(w.scratch_bytes(rows)));
+               arena.allocate<std::byte>(w.scratch_bytes(chunk)));  // the largest part's: sized once
     if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(y.middleRows(r0, rows));
   });
 }
