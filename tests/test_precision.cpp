@@ -31,15 +31,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iomanip>
 #include <limits>
 #include <map>
 #include <memory>
-#include <bit>
-#include <cstdint>
 #include <random>
 #include <set>
 #include <sstream>

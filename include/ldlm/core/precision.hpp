@@ -52,9 +52,9 @@ inline bf16 float_to_bf16(float f) {
 inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
 namespace detail {
-/// x · scale, or x untouched when !scale_values (scale = 1): a multiply by 1 would
-/// flush a subnormal x under a caller's flush-to-zero mode.
-inline float scaled_value(float x, float scale, bool scale_values) { return scale_values ? x * scale : x; }
+/// x · scale, or x untouched when scale = 1: a multiply by 1 would flush a subnormal x
+/// under a caller's flush-to-zero mode.
+inline float scaled_value(float x, float scale) { return scale != 1.0f ? x * scale : x; }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LDLM_HAVE_X86_KERNELS 1
@@ -69,7 +69,7 @@ __attribute__((target("avx512f"))) inline __m512i bf16_high_bits_avx512(__m512 v
   return _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x400000));
 }
 
-/// 16 values from x, times factor when scale_values (see scaled_value).
+/// 16 values from x, times factor when scale_values (scale != 1, as in scaled_value).
 __attribute__((target("avx512f"))) inline __m512 scaled_values_avx512(const float* x, __m512 factor,
                                                                       bool scale_values) {
   const __m512 v = _mm512_loadu_ps(x);
@@ -95,7 +95,7 @@ __attribute__((target("avx512f,avx512bw"))) inline void to_bf16_avx512(const flo
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
     i += 16;
   }
-  for (; i < n; ++i) y[i] = float_to_bf16(scaled_value(x[i], scale, scale_values));
+  for (; i < n; ++i) y[i] = float_to_bf16(scaled_value(x[i], scale));
 }
 
 __attribute__((target("avx512f"))) inline void round_to_bf16_avx512(const float* x, std::int64_t n, float* y,
@@ -107,7 +107,7 @@ __attribute__((target("avx512f"))) inline void round_to_bf16_avx512(const float*
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_and_si512(
                                 bf16_high_bits_avx512(scaled_values_avx512(x + i, factor, scale_values)), high_half)));
-  for (; i < n; ++i) y[i] = round_to_bf16(scaled_value(x[i], scale, scale_values));
+  for (; i < n; ++i) y[i] = round_to_bf16(scaled_value(x[i], scale));
 }
 #endif
 }  // namespace detail
@@ -119,8 +119,7 @@ inline void to_bf16(const float* x, std::int64_t n, bf16* y, float scale = 1.0f)
 #if defined(LDLM_HAVE_X86_KERNELS)
   if (cpu_features().avx512bw) return detail::to_bf16_avx512(x, n, y, scale);
 #endif
-  const bool scale_values = scale != 1.0f;
-  for (std::int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(detail::scaled_value(x[i], scale, scale_values));
+  for (std::int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(detail::scaled_value(x[i], scale));
 }
 
 /// y[i] = round_to_bf16(x[i] · scale), as to_bf16; y may be x.
@@ -128,8 +127,7 @@ inline void round_to_bf16(const float* x, std::int64_t n, float* y, float scale 
 #if defined(LDLM_HAVE_X86_KERNELS)
   if (cpu_features().avx512f) return detail::round_to_bf16_avx512(x, n, y, scale);
 #endif
-  const bool scale_values = scale != 1.0f;
-  for (std::int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(detail::scaled_value(x[i], scale, scale_values));
+  for (std::int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(detail::scaled_value(x[i], scale));
 }
 
 }  // namespace ldlm
