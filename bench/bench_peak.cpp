@@ -8,6 +8,10 @@
 //   peak_dot_bf16   _mm512_dpbf16_ps (AVX512_BF16): 16 lanes x 2 bf16 pairs, so
 //                   64 FLOPs per instruction, counted as an FMA on each pair. Skipped
 //                   (reported as an error) on CPUs without AVX512_BF16.
+//   peak_amx_bf16   _tile_dpbf16ps (AMX-BF16) into 4 independent 16 x 16 fp32 tiles:
+//                   a 16 x 32 by 32 x 16 product, 16384 FLOPs per instruction. The bf16
+//                   peak of a CPU whose bf16 kernels are AMX; skipped on others, and
+//                   where the kernel refuses the process AMX's register state.
 //
 // Each case runs on 1 and 2 threads of ldlm's own pool: one task per thread, each
 // running the same loop for a fixed count. There are more chains than (latency x
@@ -29,6 +33,11 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define LDLM_BENCH_X86 1
+#endif
+#if defined(LDLM_BENCH_X86) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define LDLM_BENCH_AMX 1
 #endif
 
 namespace {
@@ -95,10 +104,74 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_bf16_zmm(std::int64_t it
 }
 #endif
 
+#if defined(LDLM_BENCH_AMX)
+constexpr int kAmxTileRows = 16, kAmxTileBytes = 64;  // every tile 16 rows x 64 bytes
+constexpr int kAmxChains = 4;                         // tmm0-3 accumulate; latency ~4x the issue interval
+
+/// Linux hands a process AMX's 8 KB of tile data only when asked (arch_prctl
+/// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); oneDNN asks too, before its AMX kernels.
+bool amx_permitted() {
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  static const bool permitted = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  return permitted;
+}
+
+struct alignas(64) TileConfig {  // the 64-byte operand of ldtilecfg, palette 1
+  std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// Products of small bf16 values, as in dot_bf16_zmm: 32 · 2^-20 per element and
+// instruction, far from overflow.
+__attribute__((target("amx-tile,amx-bf16"))) float dot_bf16_amx(std::int64_t iterations) {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = kAmxTileRows;
+    config.bytes_per_row[t] = kAmxTileBytes;
+  }
+  _tile_loadconfig(&config);
+  alignas(64) std::uint16_t operand[kAmxTileRows * kAmxTileBytes / 2];
+  for (std::uint16_t& v : operand) v = 0x3a80;  // bf16 2^-10
+  alignas(64) float out[kAmxTileRows * kAmxTileBytes / 4];
+  _tile_loadd(4, operand, kAmxTileBytes);  // tmm4-5: A tiles, tmm6-7: B tiles (the
+  _tile_loadd(5, operand, kAmxTileBytes);  // three tiles of an instruction must differ)
+  _tile_loadd(6, operand, kAmxTileBytes);
+  _tile_loadd(7, operand, kAmxTileBytes);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  float total = 0;
+  _tile_stored(0, out, kAmxTileBytes);
+  total += sum_lanes(out, 256);
+  _tile_stored(1, out, kAmxTileBytes);
+  total += sum_lanes(out, 256);
+  _tile_stored(2, out, kAmxTileBytes);
+  total += sum_lanes(out, 256);
+  _tile_stored(3, out, kAmxTileBytes);
+  total += sum_lanes(out, 256);
+  _tile_release();
+  return total;
+}
+#endif
+
+// About 10^8 instructions per thread and iteration: 20-50 ms on current cores, long
+// enough that waking the pool's workers (microseconds) does not count. An AMX
+// iteration is 4 instructions of 16 cycles each: an eighth as many iterations.
+constexpr std::int64_t kLoopCount = 6'000'000;
+
 struct PeakKernel {
   const char* label = nullptr;  // null: this CPU has no such instruction
   float (*run)(std::int64_t) = nullptr;
   double flops_per_iteration = 0;
+  std::int64_t iterations = kLoopCount;
 };
 
 PeakKernel fp32_fma_kernel() {
@@ -117,9 +190,13 @@ PeakKernel bf16_dot_kernel() {
   return {};
 }
 
-// About 10^8 instructions per thread and iteration: 20-50 ms on current cores, long
-// enough that waking the pool's workers (microseconds) does not count.
-constexpr std::int64_t kLoopCount = 6'000'000;
+PeakKernel amx_bf16_kernel() {
+#if defined(LDLM_BENCH_AMX)
+  if (ldlm::cpu_features().amx_bf16 && amx_permitted())
+    return {"AMX _tile_dpbf16ps x4 tiles", dot_bf16_amx, 2.0 * 16 * 16 * 32 * kAmxChains, kLoopCount / 8};
+#endif
+  return {};
+}
 
 void run_peak(benchmark::State& state, const PeakKernel& kernel) {
   if (!kernel.run) {
@@ -131,20 +208,23 @@ void run_peak(benchmark::State& state, const PeakKernel& kernel) {
   float sink = 0;
   auto body = [&] {
     std::vector<float> partial(static_cast<std::size_t>(threads));
-    ctx.pool().parallel_for(
-        threads, [&](ldlm::Index task, int) { partial[static_cast<std::size_t>(task)] = kernel.run(kLoopCount); });
+    ctx.pool().parallel_for(threads, [&](ldlm::Index task, int) {
+      partial[static_cast<std::size_t>(task)] = kernel.run(kernel.iterations);
+    });
     for (float v : partial) sink += v;
   };
   body();  // wakes the workers and brings the clocks up
   for (auto _ : state) body();
   benchmark::DoNotOptimize(sink);
   state.SetLabel(kernel.label);
-  state.counters["FLOPS"] = benchmark::Counter(kernel.flops_per_iteration * static_cast<double>(kLoopCount) * threads,
-                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOPS"] =
+      benchmark::Counter(kernel.flops_per_iteration * static_cast<double>(kernel.iterations) * threads,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_peak_fma_fp32(benchmark::State& state) { run_peak(state, fp32_fma_kernel()); }
 void BM_peak_dot_bf16(benchmark::State& state) { run_peak(state, bf16_dot_kernel()); }
+void BM_peak_amx_bf16(benchmark::State& state) { run_peak(state, amx_bf16_kernel()); }
 
 // The path that runs, once, before any benchmark (benchmark_main prints and writes
 // the context after static initialisation).
@@ -160,9 +240,10 @@ const bool kContextAdded = [] {
   benchmark::AddCustomContext("ldlm_fp32_attention", paths.fp32_attention);
   benchmark::AddCustomContext("ldlm_bf16_linear", paths.bf16_linear);
   benchmark::AddCustomContext("ldlm_bf16_attention", paths.bf16_attention);
-  const PeakKernel fma = fp32_fma_kernel(), dot = bf16_dot_kernel();
+  const PeakKernel fma = fp32_fma_kernel(), dot = bf16_dot_kernel(), amx = amx_bf16_kernel();
   benchmark::AddCustomContext("ldlm_peak_fp32_kernel", fma.label ? fma.label : "none");
   benchmark::AddCustomContext("ldlm_peak_bf16_kernel", dot.label ? dot.label : "none");
+  benchmark::AddCustomContext("ldlm_peak_amx_kernel", amx.label ? amx.label : "none");
   return true;
 }();
 
@@ -177,6 +258,13 @@ BENCHMARK(BM_peak_fma_fp32)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_peak_dot_bf16)
     ->Name("peak_dot_bf16")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_peak_amx_bf16)
+    ->Name("peak_amx_bf16")
     ->ArgName("threads")
     ->Arg(1)
     ->Arg(2)

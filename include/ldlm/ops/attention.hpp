@@ -9,6 +9,7 @@
 // for the second product.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <type_traits>
@@ -49,6 +50,22 @@ struct HeadRows {
 };
 
 namespace detail {
+/// Where each (batch, head) block of rows starts: element d of row t of head h of
+/// batch b is at data[b·batch_stride + h·head_stride + t·row_stride + d]. Callers'
+/// tensors are [B·T, H·hd] (head_stride = hd); bf16 operands are copied into
+/// [B, H, T, hd], which makes every head's rows dense, as fixed-shape kernels want.
+template <class E>
+struct HeadBlocks {
+  const E* data;
+  Index row_stride, head_stride, batch_stride;
+  const E* head(Index b, Index h) const { return data + b * batch_stride + h * head_stride; }
+};
+
+template <class S>
+HeadBlocks<S> head_blocks(HeadRows<S> x, Index len, Index hd) {
+  return {x.data, x.row_stride, hd, len * x.row_stride};
+}
+
 /// c[M, N] = alpha · a · op(b) on operands of type E (S, or bf16), into float or S.
 template <class E, class S>
 void attention_product(const E* a, Index lda, const E* b, Index ldb, bool transpose_b, Index M, Index N, Index K,
@@ -100,9 +117,10 @@ void exponentiate_tile_scores(MatrixMap<S> P, Index first_query, bool causal, S 
 /// The tile loop over operands of type E. With `bf16_probabilities`, each softmax row
 /// is normalised and rounded to bf16 before P·V (as E, or as bf16-valued S when E
 /// is S); otherwise P·V takes exp(s − max) and the 1/Σ waits until the output rows,
-/// which are hd wide rather than Tk.
+/// which are hd wide rather than Tk. bf16 operands multiply on fixed-shape kernels,
+/// which want a dense output too: their P·V goes to a dense tile, then to `out`.
 template <class S, class E>
-void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, S* out, Index out_stride,
+void attention_tiles(Context& ctx, HeadBlocks<E> q, HeadBlocks<E> k, HeadBlocks<E> v, S* out, Index out_stride,
                      const AttentionShape& shape, const AttentionOptions& options, bool bf16_probabilities) {
   const Index B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, H = shape.heads, hd = shape.head_dim;
   const Index tile_rows = attention_query_tile(ctx, shape);
@@ -111,16 +129,17 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
   const S cap = static_cast<S>(options.softcap);
 
   constexpr bool convert_probabilities = !std::is_same_v<E, S>;  // bf16 operands: P gets its own copy
+  constexpr bool dense_output = std::is_same_v<E, bf16>;
 
   ctx.pool().parallel_for(B * H * tiles, [&](Index task, int worker) {
     const Index tile = task % tiles, h = (task / tiles) % H, b = task / (tiles * H);
     const Index i0 = tile * tile_rows, rows = std::min(tile_rows, Tq - i0);
     // Causal tiles only need keys up to their last query.
     const Index keys = options.causal ? i0 + rows : Tk;
-    const E* Q = q.data + (b * Tq + i0) * q.row_stride + h * hd;
-    const E* K = k.data + b * Tk * k.row_stride + h * hd;
-    const E* V = v.data + b * Tk * v.row_stride + h * hd;
-    S* O = out + (b * Tq + i0) * out_stride + h * hd;
+    const E* Q = q.head(b, h) + i0 * q.row_stride;
+    const E* K = k.head(b, h);
+    const E* V = v.head(b, h);
+    S* const O = out + (b * Tq + i0) * out_stride + h * hd;
     // Arena blocks are 64-byte aligned, whichever worker runs the tile: the generic
     // exponentials (ops/softmax.hpp) compute a row's unaligned head with scalar
     // exp/tanh, which round differently from the vector ones.
@@ -130,39 +149,48 @@ void attention_tiles(Context& ctx, HeadRows<E> q, HeadRows<E> k, HeadRows<E> v, 
     const auto tile_capacity = static_cast<std::size_t>(tile_rows * Tk);
     MatrixMap<S> P(arena.allocate<S>(tile_capacity), rows, keys);  // [rows, keys]
     E* P_operand = convert_probabilities ? arena.allocate<E>(tile_capacity) : reinterpret_cast<E*>(P.data());
+    S* const PV = dense_output ? arena.allocate<S>(static_cast<std::size_t>(tile_rows * hd)) : O;
+    const Index pv_stride = dense_output ? hd : out_stride;
     std::array<S, kAttentionQueryTile> row_sum;
 
     attention_product<E, S>(Q, q.row_stride, K, k.row_stride, true, rows, keys, hd, scale, P.data(),
                             keys);  // (Q/√hd) Kᵀ
     exponentiate_tile_scores<S, E>(P, i0, options.causal, cap, bf16_probabilities, P_operand, row_sum.data());
-    attention_product<E, S>(P_operand, keys, V, v.row_stride, false, rows, hd, keys, S(1), O, out_stride);  // P V
+    attention_product<E, S>(P_operand, keys, V, v.row_stride, false, rows, hd, keys, S(1), PV, pv_stride);  // P V
+    if (dense_output)
+      for (Index r = 0; r < rows; ++r) std::copy_n(PV + r * hd, hd, O + r * out_stride);
     if (!bf16_probabilities)
       for (Index r = 0; r < rows; ++r) StridedMap<S>(O + r * out_stride, 1, hd, Eigen::OuterStride<>(hd)) /= row_sum[r];
   });
 }
 
-/// Copies rows × (heads·hd) of a strided source into dense operand storage:
+/// Copies the heads of a [batch·len, heads·hd] source into [batch, heads, len, hd]:
 /// bf16 values, or bf16-rounded floats.
 template <class E>
-HeadRows<E> bf16_operand(Context& ctx, HeadRows<float> x, Index rows, Index width) {
-  E* dense = ctx.arena().allocate<E>(static_cast<std::size_t>(rows * width));
-  for_each_row(ctx, rows, [&](Index r) {
-    if constexpr (std::is_same_v<E, bf16>)
-      to_bf16(x.data + r * x.row_stride, width, dense + r * width);
-    else
-      round_to_bf16(x.data + r * x.row_stride, width, dense + r * width);
+HeadBlocks<E> bf16_operand(Context& ctx, HeadRows<float> x, Index batch, Index len, const AttentionShape& s) {
+  const Index H = s.heads, hd = s.head_dim;
+  E* heads = ctx.arena().allocate<E>(static_cast<std::size_t>(batch * len * H * hd));
+  for_each_row(ctx, batch * len, [&](Index r) {
+    const Index b = r / len, t = r % len;
+    for (Index h = 0; h < H; ++h) {
+      const float* from = x.data + r * x.row_stride + h * hd;
+      E* to = heads + ((b * H + h) * len + t) * hd;
+      if constexpr (std::is_same_v<E, bf16>)
+        to_bf16(from, hd, to);
+      else
+        round_to_bf16(from, hd, to);
+    }
   });
-  return {dense, width};
+  return {heads, hd, len * hd, H * len * hd};
 }
 
 template <class E>
 void attention_bf16(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, float* out, Index out_stride,
                     const AttentionShape& s, const AttentionOptions& options) {
   Arena::Scope scope(ctx.arena());
-  const Index width = s.heads * s.head_dim;
-  const auto qb = bf16_operand<E>(ctx, q, s.batch * s.q_len, width);
-  const auto kb = bf16_operand<E>(ctx, k, s.batch * s.kv_len, width);
-  const auto vb = bf16_operand<E>(ctx, v, s.batch * s.kv_len, width);
+  const auto qb = bf16_operand<E>(ctx, q, s.batch, s.q_len, s);
+  const auto kb = bf16_operand<E>(ctx, k, s.batch, s.kv_len, s);
+  const auto vb = bf16_operand<E>(ctx, v, s.batch, s.kv_len, s);
   attention_tiles<float, E>(ctx, qb, kb, vb, out, out_stride, s, options, /*bf16_probabilities=*/true);
 }
 }  // namespace detail
@@ -178,7 +206,9 @@ void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out
                      std::to_string(shape.q_len) + ", Tk = " + std::to_string(shape.kv_len));
   if (shape.q_len == 0 || shape.kv_len == 0) return;
   if (options.precision == Precision::fp32)
-    return detail::attention_tiles<S, S>(ctx, q, k, v, out, out_stride, shape, options, false);
+    return detail::attention_tiles<S, S>(
+        ctx, detail::head_blocks(q, shape.q_len, shape.head_dim), detail::head_blocks(k, shape.kv_len, shape.head_dim),
+        detail::head_blocks(v, shape.kv_len, shape.head_dim), out, out_stride, shape, options, false);
   if constexpr (std::is_same_v<S, float>) {
     if (bf16_operands_native())
       detail::attention_bf16<bf16>(ctx, q, k, v, out, out_stride, shape, options);

@@ -250,12 +250,57 @@ inline Matmul& runtime_matmul(memory::data_type type, bool transpose_b, float be
   return cache.back().matmul;
 }
 
-/// Row-major C[M, N] = alpha · A[M, K] · op(B) + beta · C, strides in elements.
+/// The same product with every extent, stride and scalar fixed: one primitive per
+/// problem and thread. Only then does oneDNN run its blocked kernels (brgemm, AMX):
+/// its runtime-shape GEMM has none, and on bf16 operands it ran attention's QKᵀ at a
+/// tenth of a fixed-shape primitive's speed on AMX (bench/results/README.md). Dense
+/// operands (row stride = columns, or a transposed B with column stride = rows) get
+/// the blocked kernels; others fall back to oneDNN's GEMM inside the primitive.
+inline Matmul& fixed_matmul(memory::data_type type, Index M, Index N, Index K, Index lda, Index ldb, bool transpose_b,
+                            Index ldc, float alpha, float beta) {
+  struct Problem {
+    memory::data_type type;
+    Index M, N, K, lda, ldb, ldc;
+    bool transpose_b;
+    float alpha, beta;
+    bool operator==(const Problem&) const = default;
+  };
+  struct Entry {
+    Problem problem;
+    Matmul matmul;
+  };
+  const Problem problem{type, M, N, K, lda, ldb, ldc, transpose_b, alpha, beta};
+  thread_local std::deque<Entry> cache;
+  for (Entry& e : cache)
+    if (e.problem == problem) return e.matmul;
+  // Causal tiles and many sequence lengths each add problems: bound the growth.
+  if (cache.size() >= 256) cache.pop_front();
+  const memory::desc a({M, K}, type, Dims{lda, 1});
+  const memory::desc b({K, N}, type, transpose_b ? Dims{1, ldb} : Dims{ldb, 1});
+  const memory::desc c({M, N}, memory::data_type::f32, Dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  SerialScope serial;
+  cache.push_back({problem, Matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine()))});
+  return cache.back().matmul;
+}
+
+/// Row-major C[M, N] = alpha · A[M, K] · op(B) + beta · C, strides in elements; on
+/// bf16 operands through a fixed-shape primitive, on fp32 through the runtime-shape
+/// one, which measured as fast as fixed shapes there (bench/results/README.md).
 template <class T>
 void gemm(const T* a, Index lda, const T* b, Index ldb, bool transpose_b, Index M, Index N, Index K, float alpha,
           float beta, float* c, Index ldc) {
   const memory::data_type type = data_type<T>();
-  Matmul& mm = runtime_matmul(type, transpose_b, beta);
+  const bool fixed = std::is_same_v<T, bf16>;
+  Matmul& mm = fixed ? fixed_matmul(type, M, N, K, lda, ldb, transpose_b, ldc, alpha, beta)
+                     : runtime_matmul(type, transpose_b, beta);
   ProductArgs args;
   args.add(DNNL_ARG_SRC, type, M, K, lda, 1, a);
   if (transpose_b)
@@ -263,7 +308,7 @@ void gemm(const T* a, Index lda, const T* b, Index ldb, bool transpose_b, Index 
   else
     args.add(DNNL_ARG_WEIGHTS, type, K, N, ldb, 1, b);
   args.add(DNNL_ARG_DST, memory::data_type::f32, M, N, ldc, 1, c);
-  args.add_scalar(DNNL_ARG_ATTR_OUTPUT_SCALES, &alpha);
+  if (!fixed) args.add_scalar(DNNL_ARG_ATTR_OUTPUT_SCALES, &alpha);
   args.execute(mm);
 }
 
@@ -572,8 +617,12 @@ inline GemmPaths gemm_paths() {
   if (gemm_backend() == GemmBackend::onednn) {
     namespace dd = detail::onednn;
     p.fp32_attention = dd::runtime_matmul(dd::memory::data_type::f32, true, 0.0f).kernel;
+    // bf16 attention's products are fixed-shape: report the QKᵀ of one tile of
+    // ldlm-base's denoiser (256 queries, 1024 keys, head_dim 64, one head's dense rows).
     p.bf16_attention =
-        bf16_operands_native() ? dd::runtime_matmul(dd::memory::data_type::bf16, true, 0.0f).kernel : p.fp32_attention;
+        bf16_operands_native()
+            ? dd::fixed_matmul(dd::memory::data_type::bf16, 256, 1024, 64, 64, 64, true, 1024, 0.125f, 0.0f).kernel
+            : p.fp32_attention;
   }
 #endif
   if (!bf16_operands_native()) {
