@@ -193,7 +193,7 @@ PeakKernel bf16_dot_kernel() {
 PeakKernel amx_bf16_kernel() {
 #if defined(LDLM_BENCH_AMX)
   if (ldlm::cpu_features().amx_bf16 && amx_permitted())
-    return {"AMX _tile_dpbf16ps x4 tiles", dot_bf16_amx, 2.0 * 16 * 16 * 32 * kAmxChains, kLoopCount / 8};
+    return {"tmm _tile_dpbf16ps x4 tiles", dot_bf16_amx, 2.0 * 16 * 16 * 32 * kAmxChains, kLoopCount / 8};
 #endif
   return {};
 }

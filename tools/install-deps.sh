@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages ldlm needs, skipping those already installed.
 #
 #   bash tools/install-deps.sh            build + tests + tool + benchmarks
-#   bash tools/install-deps.sh --python   also PyTorch/NumPy/Matplotlib: for tools/convert.py
+#   bash tools/install-deps.sh --python   also PyTorch/NumPy/Matplotlib/OpenBLAS: for tools/convert.py
 #                                         and its tests, to regenerate tests/data, or to
 #                                         compare benchmarks
 #
@@ -18,7 +18,9 @@ usage() {
 
 for arg in "$@"; do
   case "$arg" in
-    --python) packages+=(python3 python3-torch python3-numpy python3-matplotlib) ;;
+    # libopenblas0: without it python3-torch's BLAS is the reference libblas3, and
+    # PyTorch fp32 runs 25x slower than at its best (bench/compare.py's baseline).
+    --python) packages+=(python3 python3-torch python3-numpy python3-matplotlib libopenblas0) ;;
     -h|--help) usage; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
   esac
