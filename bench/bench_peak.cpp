@@ -24,6 +24,7 @@
 // ldlm chose for fp32 and bf16 (what `ldlm info` prints).
 #include <benchmark/benchmark.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -121,6 +122,8 @@ struct alignas(64) TileConfig {  // the 64-byte operand of ldtilecfg, palette 1
   std::uint16_t bytes_per_row[16] = {};
   std::uint8_t rows[16] = {};
 };
+static_assert(sizeof(TileConfig) == 64 && offsetof(TileConfig, bytes_per_row) == 16 && offsetof(TileConfig, rows) == 48,
+              "ldtilecfg's layout");
 
 // Products of small bf16 values, as in dot_bf16_zmm: 32 · 2^-20 per element and
 // instruction, far from overflow.

@@ -10,7 +10,8 @@ What it runs, one after the other (never two at once):
   1. ldlm: build/.../bench/ldlm_bench, cases denoiser_T (T = 128..1024, 1 and 2
      threads, bf16:0 and bf16:1) and peak_* (bench_peak.cpp: zmm fp32 FMA and,
      where the CPU has AVX512_BF16, the vdpbf16ps dot-product peak, and where it has
-     AMX, the AMX tile peak: the bf16 column uses the one that ran). ldlm runs as
+     AMX, the AMX tile peak: the bf16 column uses the AMX peak where ldlm's bf16
+     linear kernel is AMX, else vdpbf16ps's). ldlm runs as
      shipped: LDLM_*, ONEDNN_*, DNNL_*, GLIBC_TUNABLES, MALLOC_* and LD_PRELOAD are
      removed from its environment.
   2. PyTorch (bench/torch_bench.py, same cases and FLOP counts): fp32, and
@@ -318,7 +319,8 @@ def build_rows(ldlm: dict, torch: dict, case_filter, threads_list: list) -> list
             tf, tb = torch.get((case, n, "fp32")), torch.get((case, n, "bf16"))
             if not f and not b:
                 continue
-            pf, pb = peak_of(ldlm["peaks"], "peak_fma_fp32", n), peak_of(ldlm["peaks"], bf16_peak_name(ldlm["context"]), n)
+            pf = peak_of(ldlm["peaks"], "peak_fma_fp32", n)
+            pb = peak_of(ldlm["peaks"], bf16_peak_name(ldlm["context"]), n)
             rows.append({
                 "case": case, "threads": n,
                 "ldlm_fp32_ms": f and f["ms"], "ldlm_bf16_ms": b and b["ms"],

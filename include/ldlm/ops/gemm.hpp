@@ -4,7 +4,10 @@
 //   onednn  oneDNN (Debian libdnnl-dev). It dispatches on CPUID features, never on
 //           the CPU model: AMX and AVX512_BF16 for bf16, AVX-512 or AVX2 for fp32.
 //           Weights are reordered once into the layout its kernels want
-//           (PackedMatrix); activation products (attention) use its strided GEMM.
+//           (PackedMatrix). Attention's products multiply activations: in fp32
+//           with its runtime-shape GEMM, reading the heads in place; in bf16 with
+//           fixed-shape primitives on dense per-head copies, which alone get its
+//           AMX kernels (fixed_matmul).
 //   eigen    Eigen's own products: the fallback of a build without oneDNN.
 // OpenBLAS is not a backend: it picks its kernels by a guess of the CPU model, and on
 // the ldlm-base shapes it was slower than oneDNN even when told the right model
