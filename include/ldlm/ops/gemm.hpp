@@ -30,6 +30,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -223,34 +224,49 @@ class ProductArgs {
   int count_ = 0;
 };
 
-/// C = alpha · A · op(B) + beta · C with every extent and stride given at run time
-/// (oneDNN's gemm-based matmul): one primitive per (type, op(B), beta) and thread.
-inline Matmul& runtime_matmul(memory::data_type type, bool transpose_b, float beta) {
-  struct Entry {
-    memory::data_type type;
-    bool transpose_b;
-    float beta;
-    Matmul matmul;
-  };
-  thread_local std::deque<Entry> cache;
-  for (Entry& e : cache)
-    if (e.type == type && e.transpose_b == transpose_b && e.beta == beta) return e.matmul;
-  const auto R = DNNL_RUNTIME_DIM_VAL;
-  const memory::desc a({R, R}, type, Dims{R, 1});
-  const memory::desc b({R, R}, type, transpose_b ? Dims{1, R} : Dims{R, 1});
-  const memory::desc c({R, R}, memory::data_type::f32, Dims{R, 1});
+/// Primitives of one kind on this thread, found by key; made, under SerialScope, on
+/// first use. Every primitive keeps a scratchpad of its own, so the cache is bounded:
+/// many distinct row counts, causal tiles or sequence lengths would otherwise grow
+/// it without end.
+template <class Key>
+using MatmulCache = std::deque<std::pair<Key, Matmul>>;
+
+template <class Key, class Describe>
+Matmul& cached_matmul(MatmulCache<Key>& cache, const Key& key, Describe&& describe) {
+  for (auto& [k, matmul] : cache)
+    if (k == key) return matmul;
+  if (cache.size() >= 256) cache.pop_front();
+  SerialScope serial;
+  cache.emplace_back(key, Matmul(describe()));
+  return cache.back().second;
+}
+
+/// The attributes every product shares: the user scratchpad (see Matmul) and, for
+/// beta != 0, C accumulated as beta · C.
+inline dnnl::primitive_attr product_attr(float beta) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
   if (beta != 0.0f) {
     dnnl::post_ops ops;
     ops.append_sum(beta);
     attr.set_post_ops(ops);
   }
-  SerialScope serial;
-  cache.push_back(
-      {type, transpose_b, beta, Matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine()))});
-  return cache.back().matmul;
+  return attr;
+}
+
+/// C = alpha · A · op(B) + beta · C with every extent and stride given at run time
+/// (oneDNN's gemm-based matmul): one primitive per (type, op(B), beta) and thread.
+inline Matmul& runtime_matmul(memory::data_type type, bool transpose_b, float beta) {
+  thread_local MatmulCache<std::tuple<memory::data_type, bool, float>> cache;
+  return cached_matmul(cache, std::tuple(type, transpose_b, beta), [&] {
+    const auto R = DNNL_RUNTIME_DIM_VAL;
+    const memory::desc a({R, R}, type, Dims{R, 1});
+    const memory::desc b({R, R}, type, transpose_b ? Dims{1, R} : Dims{R, 1});
+    const memory::desc c({R, R}, memory::data_type::f32, Dims{R, 1});
+    dnnl::primitive_attr attr = product_attr(beta);
+    attr.set_output_scales(0, {DNNL_RUNTIME_F32_VAL});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
+  });
 }
 
 /// The same product with every extent, stride and scalar fixed: one primitive per
@@ -268,30 +284,15 @@ inline Matmul& fixed_matmul(memory::data_type type, Index M, Index N, Index K, I
     float alpha, beta;
     bool operator==(const Problem&) const = default;
   };
-  struct Entry {
-    Problem problem;
-    Matmul matmul;
-  };
-  const Problem problem{type, M, N, K, lda, ldb, ldc, transpose_b, alpha, beta};
-  thread_local std::deque<Entry> cache;
-  for (Entry& e : cache)
-    if (e.problem == problem) return e.matmul;
-  // Causal tiles and many sequence lengths each add problems: bound the growth.
-  if (cache.size() >= 256) cache.pop_front();
-  const memory::desc a({M, K}, type, Dims{lda, 1});
-  const memory::desc b({K, N}, type, transpose_b ? Dims{1, ldb} : Dims{ldb, 1});
-  const memory::desc c({M, N}, memory::data_type::f32, Dims{ldc, 1});
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-  if (beta != 0.0f) {
-    dnnl::post_ops ops;
-    ops.append_sum(beta);
-    attr.set_post_ops(ops);
-  }
-  SerialScope serial;
-  cache.push_back({problem, Matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine()))});
-  return cache.back().matmul;
+  thread_local MatmulCache<Problem> cache;
+  return cached_matmul(cache, Problem{type, M, N, K, lda, ldb, ldc, transpose_b, alpha, beta}, [&] {
+    const memory::desc a({M, K}, type, Dims{lda, 1});
+    const memory::desc b({K, N}, type, transpose_b ? Dims{1, ldb} : Dims{ldb, 1});
+    const memory::desc c({M, N}, memory::data_type::f32, Dims{ldc, 1});
+    dnnl::primitive_attr attr = product_attr(beta);
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
+  });
 }
 
 /// Row-major C[M, N] = alpha · A[M, K] · op(B) + beta · C, strides in elements; on
@@ -327,29 +328,16 @@ inline memory::desc packed_weight_desc(Index N, Index K, memory::data_type type)
 
 /// y[M, N] = x[M, K] · W (+ bias) on a packed weight; x and y dense.
 inline Matmul& packed_matmul(const memory::desc& weights, Index M, bool bias) {
-  struct Entry {
-    memory::desc weights;
-    Index rows;
-    bool bias;
-    Matmul matmul;
-  };
-  thread_local std::deque<Entry> cache;
-  for (Entry& e : cache)
-    if (e.rows == M && e.bias == bias && e.weights == weights) return e.matmul;
-  // A long run with many distinct row counts would grow without bound.
-  if (cache.size() >= 256) cache.pop_front();
-  const Dims dims = weights.dims();  // [K, N]
-  const memory::desc a({M, dims[0]}, weights.data_type(), memory::format_tag::ab);
-  const memory::desc c({M, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
-  const memory::desc b({1, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  SerialScope serial;
-  cache.push_back(
-      {weights, M, bias,
-       Matmul(dnnl::matmul::primitive_desc(
-           bias ? dnnl::matmul::desc(a, weights, b, c) : dnnl::matmul::desc(a, weights, c), attr, engine()))});
-  return cache.back().matmul;
+  // Rows and bias first: they tell most entries apart before the descriptors are compared.
+  thread_local MatmulCache<std::tuple<Index, bool, memory::desc>> cache;
+  return cached_matmul(cache, std::tuple(M, bias, weights), [&] {
+    const Dims dims = weights.dims();  // [K, N]
+    const memory::desc a({M, dims[0]}, weights.data_type(), memory::format_tag::ab);
+    const memory::desc c({M, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
+    const memory::desc b({1, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
+    return dnnl::matmul::primitive_desc(bias ? dnnl::matmul::desc(a, weights, b, c) : dnnl::matmul::desc(a, weights, c),
+                                        product_attr(0.0f), engine());
+  });
 }
 
 /// True for a kernel that multiplies bf16 with bf16 instructions (AVX512_BF16, AMX).
