@@ -35,11 +35,6 @@
 #include <immintrin.h>
 #define LDLM_BENCH_X86 1
 #endif
-#if defined(LDLM_BENCH_X86) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#define LDLM_BENCH_AMX 1
-#endif
 
 namespace {
 
@@ -105,37 +100,17 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_bf16_zmm(std::int64_t it
 }
 #endif
 
-#if defined(LDLM_BENCH_AMX)
-constexpr int kAmxTileRows = 16, kAmxTileBytes = 64;  // every tile 16 rows x 64 bytes
-constexpr int kAmxChains = 4;                         // tmm0-3 accumulate; latency ~4x the issue interval
-
-/// Linux hands a process AMX's 8 KB of tile data only when asked (arch_prctl
-/// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); oneDNN asks too, before its AMX kernels.
-bool amx_permitted() {
-  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  static const bool permitted = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  return permitted;
-}
-
-struct alignas(64) TileConfig {  // the 64-byte operand of ldtilecfg, palette 1
-  std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  std::uint16_t bytes_per_row[16] = {};
-  std::uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64 && offsetof(TileConfig, bytes_per_row) == 16 && offsetof(TileConfig, rows) == 48,
-              "ldtilecfg's layout");
+#if defined(LDLM_HAVE_AMX)
+constexpr int kAmxChains = 4;  // tmm0-3 accumulate; latency ~4x the issue interval
+using ldlm::detail::kAmxTileBytes;
+using ldlm::detail::kAmxTileRows;
 
 // Products of small bf16 values, as in dot_bf16_zmm: 32 · 2^-20 per element and
 // instruction, far from overflow.
 __attribute__((target("amx-tile,amx-bf16"))) float dot_bf16_amx(std::int64_t iterations) {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = kAmxTileRows;
-    config.bytes_per_row[t] = kAmxTileBytes;
-  }
-  _tile_loadconfig(&config);
   alignas(64) std::uint16_t operand[kAmxTileRows * kAmxTileBytes / 2];
   for (std::uint16_t& v : operand) v = 0x3a80;  // bf16 2^-10
+  ldlm::detail::load_full_tiles();              // (a memory barrier too: operand is written)
   alignas(64) float out[kAmxTileRows * kAmxTileBytes / 4];
   _tile_loadd(4, operand, kAmxTileBytes);  // tmm4-5: A tiles, tmm6-7: B tiles (the
   _tile_loadd(5, operand, kAmxTileBytes);  // three tiles of an instruction must differ)
@@ -153,12 +128,16 @@ __attribute__((target("amx-tile,amx-bf16"))) float dot_bf16_amx(std::int64_t ite
   }
   float total = 0;
   _tile_stored(0, out, kAmxTileBytes);
+  ldlm::detail::amx_memory_barrier();
   total += sum_lanes(out, 256);
   _tile_stored(1, out, kAmxTileBytes);
+  ldlm::detail::amx_memory_barrier();
   total += sum_lanes(out, 256);
   _tile_stored(2, out, kAmxTileBytes);
+  ldlm::detail::amx_memory_barrier();
   total += sum_lanes(out, 256);
   _tile_stored(3, out, kAmxTileBytes);
+  ldlm::detail::amx_memory_barrier();
   total += sum_lanes(out, 256);
   _tile_release();
   return total;
@@ -194,8 +173,8 @@ PeakKernel bf16_dot_kernel() {
 }
 
 PeakKernel amx_bf16_kernel() {
-#if defined(LDLM_BENCH_AMX)
-  if (ldlm::cpu_features().amx_bf16 && amx_permitted())
+#if defined(LDLM_HAVE_AMX)
+  if (ldlm::amx_bf16_usable())
     return {"tmm _tile_dpbf16ps x4 tiles", dot_bf16_amx, 2.0 * 16 * 16 * 32 * kAmxChains, kLoopCount / 8};
 #endif
   return {};

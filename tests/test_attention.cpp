@@ -545,11 +545,12 @@ TEST(AttentionShapes, CausalKernelNeedsAsManyQueriesAsKeys) {
 // row's largest |score| (up to 50 with softcap 50: about 3e-6), hence rtol 2e-5.
 constexpr Tolerance kSoftmaxRowTol{1e-30, 2e-5};
 
-std::vector<double> exp_shifted_capped_in_double(const std::vector<float>& scores, double cap) {
+std::vector<double> exp_shifted_capped_in_double(const std::vector<float>& scores, double cap, double scale) {
   std::vector<double> e(scores.size());
   double max = -std::numeric_limits<double>::infinity();
   for (std::size_t j = 0; j < scores.size(); ++j) {
-    e[j] = cap > 0 ? cap * std::tanh(scores[j] / cap) : scores[j];
+    const double s = scale * scores[j];
+    e[j] = cap > 0 ? cap * std::tanh(s / cap) : s;
     max = std::max(max, e[j]);
   }
   for (double& v : e) v = std::exp(v - max);
@@ -563,10 +564,10 @@ std::vector<float> random_scores(std::size_t n, float spread, std::uint64_t seed
 
 /// Worst |got − ref| / (atol + rtol·|ref|) over the row, and the sum's.
 template <class Kernel>
-double worst_softmax_row_ratio(Kernel kernel, const std::vector<float>& scores, float cap) {
+double worst_softmax_row_ratio(Kernel kernel, const std::vector<float>& scores, float cap, float scale) {
   std::vector<float> row = scores;
-  const float sum = kernel(row.data(), static_cast<Index>(row.size()), cap);
-  const std::vector<double> ref = exp_shifted_capped_in_double(scores, cap);
+  const float sum = kernel(row.data(), static_cast<Index>(row.size()), cap, scale);
+  const std::vector<double> ref = exp_shifted_capped_in_double(scores, cap, scale);
   double ref_sum = 0, worst = 0;
   for (std::size_t j = 0; j < row.size(); ++j) {
     ref_sum += ref[j];
@@ -576,20 +577,23 @@ double worst_softmax_row_ratio(Kernel kernel, const std::vector<float>& scores, 
 }
 
 TEST(SoftmaxRow, EveryKernelMatchesTheDefinitionInDouble) {
-  std::vector<std::pair<const char*, float (*)(float*, Index, float)>> kernels = {
+  std::vector<std::pair<const char*, float (*)(float*, Index, float, float)>> kernels = {
       {"generic", detail::exp_shifted_capped_generic<float>}};
 #if defined(LDLM_HAVE_AVX512_SOFTMAX)
-  if (cpu_features().avx512f) kernels.push_back({"avx512", detail::exp_shifted_capped_avx512});
+  if (cpu_features().avx512f && cpu_features().avx512dq)
+    kernels.push_back({"avx512", detail::exp_shifted_capped_avx512});
 #endif
   std::uint64_t seed = 1;
   for (const auto& [name, kernel] : kernels)
     for (std::size_t n : {1, 2, 15, 16, 17, 31, 33, 100, 1023, 1024, 1025})
       // Spreads below and far above the cap: tanh's series and its exponential form.
       for (float spread : {0.5f, 8.0f, 300.0f})
-        for (float cap : {0.0f, 50.0f, 1.0f}) {
-          const double ratio = worst_softmax_row_ratio(kernel, random_scores(n, spread, ++seed), cap);
-          EXPECT_LE(ratio, 1.0) << name << ": n = " << n << ", spread " << spread << ", cap " << cap;
-        }
+        for (float cap : {0.0f, 50.0f, 1.0f})
+          for (float scale : {1.0f, 0.125f, 0.3f}) {  // 1/√64, and a scale that rounds
+            const double ratio = worst_softmax_row_ratio(kernel, random_scores(n, spread, ++seed), cap, scale);
+            EXPECT_LE(ratio, 1.0) << name << ": n = " << n << ", spread " << spread << ", cap " << cap << ", scale "
+                                  << scale;
+          }
 }
 
 TEST(SoftmaxRow, ResultDoesNotDependOnTheRowsAddress) {
@@ -619,6 +623,61 @@ TEST(SoftmaxRow, NanScoreMakesTheSumNanAsTheDefinitionDoes) {
   EXPECT_NEAR(exp_shifted_capped(row.data(), 3, 50.0f), 1.0 + std::exp(-50.0) + std::exp(-100.0), 1e-6);
   EXPECT_EQ(row[0], 1.0f);
 }
+
+#if defined(LDLM_HAVE_AVX512_SOFTMAX)
+// The softmax row of bf16 attention on AMX: probabilities e_j / Σ rounded to bf16,
+// against the definition in double. Rounding to bf16's 8 significant bits moves a
+// value by up to 2^-8 of itself, and the float is within a few ulp of the exponent
+// (up to 2 · 50 · log2 e) of the true value, about 1e-5: rtol 2^-8 + 2e-5. atol
+// covers probabilities that underflow (below 1e-38, flushed to zero by the instruction).
+constexpr Tolerance kBf16ProbabilityTol{1e-37, 1.0 / 256 + 2e-5};
+
+TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
+  const CpuFeatures& cpu = cpu_features();
+  if (!(cpu.avx512f && cpu.avx512dq && cpu.avx512bw && cpu.avx512_bf16)) GTEST_SKIP() << "needs AVX512_BF16";
+  std::uint64_t seed = 100;
+  for (Index n : {1, 15, 16, 17, 31, 32, 33, 100, 1000, 1024})
+    for (float spread : {0.5f, 8.0f, 300.0f})
+      for (float cap : {0.0f, 50.0f, 1.0f})
+        for (float scale : {1.0f, 0.125f, 0.3f}) {
+          const std::vector<float> scores = random_scores(static_cast<std::size_t>(n), spread, ++seed);
+          const Index padded = (n + 31) / 32 * 32 + 32;  // one block of zeros beyond the rounding
+          std::vector<float> row = scores;
+          std::vector<bf16> p(static_cast<std::size_t>(padded), float_to_bf16(7.0f));
+          detail::softmax_row_to_bf16_avx512(row.data(), n, padded, scale, cap, p.data());
+          const std::vector<double> e = exp_shifted_capped_in_double(scores, cap, scale);
+          double sum = 0;
+          for (double v : e) sum += v;
+          double worst = 0;
+          Index worst_at = 0;
+          for (Index j = 0; j < n; ++j) {
+            const double ref = e[static_cast<std::size_t>(j)] / sum;
+            const double ratio = std::abs(bf16_to_float(p[static_cast<std::size_t>(j)]) - ref) /
+                                 (kBf16ProbabilityTol.atol + kBf16ProbabilityTol.rtol * ref);
+            if (ratio > worst) worst = ratio, worst_at = j;
+          }
+          EXPECT_LE(worst, 1.0) << "n = " << n << ", spread " << spread << ", cap " << cap << ", scale " << scale
+                                << ": worst at " << worst_at << ", got "
+                                << bf16_to_float(p[static_cast<std::size_t>(worst_at)]) << ", reference "
+                                << e[static_cast<std::size_t>(worst_at)] / sum;
+          for (Index j = n; j < padded; ++j)
+            ASSERT_EQ(bf16_to_float(p[static_cast<std::size_t>(j)]), 0.0f) << "n = " << n << ", padding at " << j;
+        }
+}
+
+TEST(SoftmaxRow, Bf16ProbabilitiesOfARowWithANanAreNan) {
+  const CpuFeatures& cpu = cpu_features();
+  if (!(cpu.avx512f && cpu.avx512dq && cpu.avx512bw && cpu.avx512_bf16)) GTEST_SKIP() << "needs AVX512_BF16";
+  for (float cap : {0.0f, 50.0f}) {
+    std::vector<float> row = random_scores(40, 4.0f, 3);
+    row[21] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<bf16> p(64);
+    detail::softmax_row_to_bf16_avx512(row.data(), 40, 64, 0.125f, cap, p.data());
+    EXPECT_TRUE(std::isnan(bf16_to_float(p[0]))) << "cap " << cap;
+    EXPECT_TRUE(std::isnan(bf16_to_float(p[39]))) << "cap " << cap;
+  }
+}
+#endif
 
 // ------------------------------------------------------------------ thread counts
 

@@ -16,6 +16,7 @@
 
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/precision.hpp"
+#include "ldlm/ops/attention_amx.hpp"
 #include "ldlm/ops/gemm.hpp"
 #include "ldlm/ops/softmax.hpp"
 
@@ -184,6 +185,81 @@ HeadBlocks<E> bf16_operand(Context& ctx, HeadRows<float> x, Index batch, Index l
   return {heads, hd, len * hd, H * len * hd};
 }
 
+#if defined(LDLM_HAVE_AMX)
+/// bf16 attention on ldlm's AMX kernel (ops/attention_amx.hpp): one task per 32
+/// queries of one head. The same values as attention_tiles in bf16 up to summation
+/// order: bf16 operands, fp32 scores scaled and capped, each softmax row normalised
+/// and rounded to bf16 before P·V.
+inline void attention_amx(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, float* out,
+                          Index out_stride, const AttentionShape& s, const AttentionOptions& options) {
+  const Index B = s.batch, Tq = s.q_len, Tk = s.kv_len, H = s.heads, hd = s.head_dim;
+  const Index q_rows = amx::padded_rows(Tq), kv_rows = amx::padded_rows(Tk), head_elements = kv_rows * hd;
+  Arena& arena = ctx.arena();
+  Arena::Scope scope(arena);
+  bf16* const queries = arena.allocate<bf16>(static_cast<std::size_t>(B * H * q_rows * hd));   // [B, H, Tq', hd]
+  bf16* const keys = arena.allocate<bf16>(static_cast<std::size_t>(B * H * head_elements));    // key tiles
+  bf16* const values = arena.allocate<bf16>(static_cast<std::size_t>(B * H * head_elements));  // value tiles
+  auto head_start = [&](bf16* tensor, Index b, Index h, Index elements) { return tensor + (b * H + h) * elements; };
+
+  for_each_row(ctx, B * q_rows, [&](Index r) {
+    const Index b = r / q_rows, t = r % q_rows;
+    for (Index h = 0; h < H; ++h) {
+      bf16* to = head_start(queries, b, h, q_rows * hd) + t * hd;
+      if (t < Tq)
+        to_bf16(q.data + (b * Tq + t) * q.row_stride + h * hd, hd, to);
+      else
+        std::fill_n(to, hd, bf16{});
+    }
+  });
+  // Rows past Tk are zeros: their scores are never read and their probabilities are
+  // zero, which must not meet a NaN of uninitialised memory.
+  const std::array<float, amx::kMaxHeadDim> zeros{};
+  for_each_row(ctx, B * kv_rows / 2, [&](Index pair) {
+    const Index b = 2 * pair / kv_rows, t = 2 * pair % kv_rows;
+    auto row = [&](HeadRows<float> x, Index u, Index h) {
+      return u < Tk ? x.data + (b * Tk + u) * x.row_stride + h * hd : nullptr;
+    };
+    for (Index h = 0; h < H; ++h) {
+      bf16* key_tiles = head_start(keys, b, h, head_elements);
+      for (Index u = t; u < t + 2; ++u) amx::pack_key(u < Tk ? row(k, u, h) : zeros.data(), u, hd, key_tiles);
+      amx::pack_value_pair(t < Tk ? row(v, t, h) : zeros.data(), row(v, t + 1, h), t, hd,
+                           head_start(values, b, h, head_elements));
+    }
+  });
+
+  const Index blocks = q_rows / amx::kBlock;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd)), cap = static_cast<float>(options.softcap);
+  ctx.pool().parallel_for(B * H * blocks, [&](Index task, int worker) {
+    const Index block = task % blocks, h = (task / blocks) % H, b = task / (blocks * H);
+    const Index i0 = block * amx::kBlock, rows = std::min(amx::kBlock, Tq - i0);
+    const Index visible_keys = options.causal ? i0 + rows : Tk;  // causal blocks stop at their last query
+    const Index keys_used = amx::padded_rows(visible_keys);
+    // Rows one cache line longer than a power of two: a tile's 16 rows would
+    // otherwise fall into one L1 set (QKᵀ took 1.6x as long at Tk = 1024).
+    const Index score_ld = keys_used + 16, probability_ld = keys_used + 32;
+    Arena& scratch = ctx.worker_arena(worker);
+    Arena::Scope task_scope(scratch);
+    // Every task asks for the largest block, so a worker's arena is sized by its first.
+    float* const scores = scratch.allocate<float>(static_cast<std::size_t>(amx::kBlock * (kv_rows + 16)));
+    bf16* const probabilities = scratch.allocate<bf16>(static_cast<std::size_t>(amx::kBlock * (kv_rows + 32)));
+    float* const block_out = scratch.allocate<float>(static_cast<std::size_t>(amx::kBlock * hd));  // [32, hd]
+
+    amx::query_key_tiles(head_start(queries, b, h, q_rows * hd) + i0 * hd, hd, head_start(keys, b, h, head_elements),
+                         keys_used, scores, score_ld);
+    for (Index r = 0; r < amx::kBlock; ++r) {
+      bf16* p = probabilities + r * probability_ld;
+      if (r < rows)
+        softmax_row_to_bf16_avx512(scores + r * score_ld, options.causal ? i0 + r + 1 : Tk, keys_used, scale, cap, p);
+      else
+        std::fill_n(p, keys_used, bf16{});
+    }
+    amx::probability_value_tiles(probabilities, probability_ld, head_start(values, b, h, head_elements), keys_used, hd,
+                                 block_out, hd);
+    for (Index r = 0; r < rows; ++r) std::copy_n(block_out + r * hd, hd, out + (b * Tq + i0 + r) * out_stride + h * hd);
+  });
+}
+#endif
+
 template <class E>
 void attention_bf16(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, float* out, Index out_stride,
                     const AttentionShape& s, const AttentionOptions& options) {
@@ -210,6 +286,10 @@ void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out
         ctx, detail::head_blocks(q, shape.q_len, shape.head_dim), detail::head_blocks(k, shape.kv_len, shape.head_dim),
         detail::head_blocks(v, shape.kv_len, shape.head_dim), out, out_stride, shape, options, false);
   if constexpr (std::is_same_v<S, float>) {
+#if defined(LDLM_HAVE_AMX)
+    if (bf16_attention_amx() && detail::amx::supports_head_dim(shape.head_dim))
+      return detail::attention_amx(ctx, q, k, v, out, out_stride, shape, options);
+#endif
     if (bf16_operands_native())
       detail::attention_bf16<bf16>(ctx, q, k, v, out, out_stride, shape, options);
     else

@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "ldlm/core/amx.hpp"
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
@@ -402,6 +403,24 @@ inline bool bf16_operands_native() {
 #endif
 }
 
+/// Whether bf16 attention runs on ldlm's own AMX kernel (ops/attention_amx.hpp). It
+/// does where oneDNN's bf16 kernels are AMX ones, so that a cap on oneDNN's
+/// instruction set (ONEDNN_MAX_CPU_ISA) moves attention off AMX too.
+inline bool bf16_attention_amx() {
+#if defined(LDLM_HAVE_ONEDNN) && defined(LDLM_HAVE_AMX)
+  static const bool amx = [] {
+    // (Its softmax rounds with AVX512_BF16's instruction, which every AMX CPU has.)
+    if (!bf16_operands_native() || !amx_bf16_usable() || !cpu_features().avx512_bf16) return false;
+    namespace dd = detail::onednn;
+    const auto desc = dd::packed_weight_desc(64, 64, dd::memory::data_type::bf16);
+    return dd::packed_matmul(desc, 64, true).kernel.find("amx") != std::string::npos;
+  }();
+  return amx;
+#else
+  return false;
+#endif
+}
+
 /// c[M, N] = alpha · a · op(b) + beta · c on bf16 operands, fp32 sums and output:
 /// the bf16 products of attention. Needs bf16_operands_native(); c must not overlap.
 inline void gemm_bf16(BF16Rows a, BF16Rows b, bool transpose_b, float alpha, float beta, MatRef<float> c) {
@@ -608,10 +627,11 @@ inline GemmPaths gemm_paths() {
   if (gemm_backend() == GemmBackend::onednn) {
     namespace dd = detail::onednn;
     p.fp32_attention = dd::runtime_matmul(dd::memory::data_type::f32, true, 0.0f).kernel;
-    // bf16 attention's products are fixed-shape: report the QKᵀ of one tile of
-    // ldlm-base's denoiser (256 queries, 1024 keys, head_dim 64, one head's dense rows).
+    // Without AMX, bf16 attention's products are fixed-shape: report the QKᵀ of one
+    // tile of ldlm-base's denoiser (256 queries, 1024 keys, head_dim 64, dense rows).
     p.bf16_attention =
-        bf16_operands_native()
+        bf16_attention_amx() ? "ldlm amx_bf16 (QKᵀ, softmax and P·V per 32 queries; head_dim % 32 = 0)"
+        : bf16_operands_native()
             ? dd::fixed_matmul(dd::memory::data_type::bf16, 256, 1024, 64, 64, 64, true, 1024, 0.125f, 0.0f).kernel
             : p.fp32_attention;
   }

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "ldlm/core/cpu.hpp"
+#include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -28,8 +29,9 @@ namespace detail {
 
 /// The definition, in Eigen's vector expressions (any scalar type, any CPU).
 template <class S>
-S exp_shifted_capped_generic(S* scores, Index n, S cap) {
+S exp_shifted_capped_generic(S* scores, Index n, S cap, S scale) {
   Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>> row(scores, n);
+  if (scale != S(1)) row *= scale;
   if (cap > S(0)) row = (row / cap).tanh() * cap;
   row = (row - row.maxCoeff()).exp();
   return row.sum();
@@ -61,7 +63,7 @@ __attribute__((target("avx512f"))) inline __m512 exp_avx512(__m512 x) {
 /// 2e-9 relative). Otherwise (1 − e)/(1 + e) with e = e^(−2|y|) ≤ 0.45, so 1 − e
 /// cannot cancel; the sign comes back from y. The exponential is skipped when no
 /// lane needs it.
-__attribute__((target("avx512f"))) inline __m512 tanh_avx512(__m512 y) {
+__attribute__((target("avx512f,avx512dq"))) inline __m512 tanh_avx512(__m512 y) {
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 a = _mm512_and_ps(y, abs_mask);
   const __m512 y2 = _mm512_mul_ps(y, y);
@@ -83,23 +85,30 @@ __attribute__((target("avx512f"))) inline __m512 tanh_avx512(__m512 y) {
 }
 
 /// cap · tanh(s / cap) when cap > 0, else s. (A lambda would not inherit the target.)
-__attribute__((target("avx512f"))) inline __m512 capped_avx512(__m512 s, float cap) {
+__attribute__((target("avx512f,avx512dq"))) inline __m512 capped_avx512(__m512 s, float cap) {
   if (!(cap > 0.0f)) return s;
   return _mm512_mul_ps(_mm512_set1_ps(cap), tanh_avx512(_mm512_mul_ps(s, _mm512_set1_ps(1.0f / cap))));
 }
 
-__attribute__((target("avx512f"))) inline float exp_shifted_capped_avx512(float* scores, Index n, float cap) {
+/// s · scale, or s untouched when scale = 1 (a multiply by 1 would flush a subnormal
+/// under a caller's flush-to-zero mode).
+__attribute__((target("avx512f"))) inline __m512 scaled_avx512(__m512 s, float scale) {
+  return scale != 1.0f ? _mm512_mul_ps(s, _mm512_set1_ps(scale)) : s;
+}
+
+__attribute__((target("avx512f,avx512dq"))) inline float exp_shifted_capped_avx512(float* scores, Index n, float cap,
+                                                                                   float scale) {
   const Index full = n / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (n - full)) - 1u);
 
   __m512 max = _mm512_set1_ps(-INFINITY);
   for (Index j = 0; j < full; j += 16) {
-    const __m512 s = capped_avx512(_mm512_loadu_ps(scores + j), cap);
+    const __m512 s = capped_avx512(scaled_avx512(_mm512_loadu_ps(scores + j), scale), cap);
     _mm512_storeu_ps(scores + j, s);
     max = _mm512_max_ps(max, s);
   }
   if (tail) {
-    const __m512 s = capped_avx512(_mm512_maskz_loadu_ps(tail, scores + full), cap);
+    const __m512 s = capped_avx512(scaled_avx512(_mm512_maskz_loadu_ps(tail, scores + full), scale), cap);
     _mm512_mask_storeu_ps(scores + full, tail, s);
     max = _mm512_mask_max_ps(max, tail, max, s);
   }
@@ -125,20 +134,114 @@ __attribute__((target("avx512f"))) inline float exp_shifted_capped_avx512(float*
   for (float lane : lanes) total += lane;
   return total;
 }
+
+/// 2^z in 16 lanes for z ≥ -150 (callers clamp): 2^k · 2^r with k = round(z) and
+/// r = z − k in [-1/2, 1/2] exactly; 2^r = e^(r ln 2) by its Taylor polynomial to
+/// degree 6 (truncation below 1.3e-7 relative). One rounding error fewer than
+/// exp_avx512 takes, for callers that fold ln 2 into their own multiply.
+__attribute__((target("avx512f"))) inline __m512 exp2_avx512(__m512 z) {
+  const __m512 k = _mm512_roundscale_ps(z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(z, k);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);                  // ln(2)^6 / 6!
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3333558146428443e-3f));  // ln(2)^5 / 5!
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6181291076284772e-3f));  // ln(2)^4 / 4!
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504108664821580e-2f));  // ln(2)^3 / 3!
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.24022650695910071f));    // ln(2)^2 / 2
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.69314718055994531f));    // ln(2)
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, k);
+}
+
+/// The softmax row of bf16 attention on AMX (ops/attention.hpp), in three passes
+/// over a row that stays in L1, with the scale of QKᵀ folded in (AMX's products
+/// cannot scale): the maximum of the raw scores; e_j = exp(capped(scale · s_j) −
+/// capped(scale · max)) and their sum; then e_j / Σ rounded to bf16 by AVX512_BF16's
+/// instruction, into probabilities[0, visible), and zeros up to `padded` (a multiple
+/// of 32).
+/// - A positive scale and the cap are increasing, so capped(scale · max) is the
+///   largest capped score, up to the rounding of tanh, which scales every e_j alike
+///   and cancels in e_j / Σ.
+/// - The exponential runs in base 2 with cap · log2(e) folded into one FMA: the
+///   result's relative error is a few ulp of the exponent (up to 2 · cap · log2(e)),
+///   as exp_shifted_capped's is of its argument; the probabilities keep 8 bits.
+/// - The instruction rounds to nearest even as float_to_bf16 does, but flushes
+///   subnormal results (below 1.2e-38) to zero, which no product can tell.
+__attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16"))) inline void softmax_row_to_bf16_avx512(
+    float* scores, Index visible, Index padded, float scale, float cap, bf16* probabilities) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  const Index full = visible / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (visible - full)) - 1u);
+  __m512 max = _mm512_set1_ps(-INFINITY);
+  for (Index j = 0; j < full; j += 16) max = _mm512_max_ps(max, _mm512_loadu_ps(scores + j));
+  if (tail) max = _mm512_mask_max_ps(max, tail, max, _mm512_maskz_loadu_ps(tail, scores + full));
+  alignas(64) float lanes[16];  // (GCC 12 warns inside _mm512_reduce_*_ps)
+  _mm512_store_ps(lanes, max);
+  float row_max = lanes[0];
+  for (int l = 1; l < 16; ++l) row_max = std::max(row_max, lanes[l]);
+
+  // z = log2(e) · (capped(scale · s) − capped(scale · max)), as tanh(s · scale / cap)
+  // times cap · log2(e), or s times scale · log2(e), plus one constant.
+  const bool capped = cap > 0.0f;
+  const __m512 inner = _mm512_set1_ps(capped ? scale / cap : scale * kLog2e);
+  const __m512 outer = _mm512_set1_ps(capped ? cap * kLog2e : 1.0f);
+  alignas(64) float shift[16];
+  _mm512_store_ps(shift, capped_avx512(scaled_avx512(_mm512_set1_ps(row_max), scale), cap));
+  const __m512 offset = _mm512_set1_ps(-shift[0] * kLog2e);
+  const __m512 lowest = _mm512_set1_ps(-150.0f);  // 2^-150 is 0 in float; keeps -inf from making NaN
+  auto exponent = [&](__m512 s) __attribute__((target("avx512f,avx512dq"))) {
+    const __m512 x = _mm512_mul_ps(s, inner);
+    return _mm512_max_ps(lowest, _mm512_fmadd_ps(capped ? tanh_avx512(x) : x, outer, offset));  // NaN stays
+  };
+  __m512 sum = _mm512_setzero_ps();
+  for (Index j = 0; j < full; j += 16) {
+    const __m512 e = exp2_avx512(exponent(_mm512_loadu_ps(scores + j)));
+    _mm512_storeu_ps(scores + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (tail) {
+    const __m512 e = exp2_avx512(exponent(_mm512_maskz_loadu_ps(tail, scores + full)));
+    _mm512_mask_storeu_ps(scores + full, tail, e);
+    sum = _mm512_mask_add_ps(sum, tail, sum, e);
+  }
+  _mm512_store_ps(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+
+  const __m512 inverse = _mm512_set1_ps(1.0f / total);
+  auto store_pair = [&](Index j, __m512 a, __m512 b) __attribute__((target("avx512f,avx512bf16"))) {
+    _mm512_storeu_si512(probabilities + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+  };
+  Index j = 0;
+  for (; j + 32 <= visible; j += 32)
+    store_pair(j, _mm512_mul_ps(_mm512_loadu_ps(scores + j), inverse),
+               _mm512_mul_ps(_mm512_loadu_ps(scores + j + 16), inverse));
+  for (; j < padded; j += 32) {
+    const Index low = std::clamp<Index>(visible - j, 0, 16), high = std::clamp<Index>(visible - j - 16, 0, 16);
+    store_pair(
+        j,
+        _mm512_maskz_mul_ps(static_cast<__mmask16>((1u << low) - 1u),
+                            _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << low) - 1u), scores + j), inverse),
+        _mm512_maskz_mul_ps(static_cast<__mmask16>((1u << high) - 1u),
+                            _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << high) - 1u), scores + j + 16),
+                            inverse));
+  }
+}
 #endif
 
 }  // namespace detail
 
-/// scores[j] ← exp(capped(scores[j]) − max_i capped(scores[i])) for j in [0, n), in
-/// place, with capped(s) = cap · tanh(s / cap) when cap > 0 and s otherwise; returns
-/// the sum of the new values (the softmax's denominator). n ≥ 1.
+/// scores[j] ← exp(capped(scale · scores[j]) − max_i capped(scale · scores[i])) for j
+/// in [0, n), in place, with capped(s) = cap · tanh(s / cap) when cap > 0 and s
+/// otherwise; returns the sum of the new values (the softmax's denominator). n ≥ 1.
+/// (A scale lets a caller whose product cannot scale, as AMX's cannot, fold it in here.)
 template <class S>
-S exp_shifted_capped(S* scores, Index n, S cap) {
+S exp_shifted_capped(S* scores, Index n, S cap, S scale = S(1)) {
 #if defined(LDLM_HAVE_AVX512_SOFTMAX)
   if constexpr (std::is_same_v<S, float>)
-    if (cpu_features().avx512f) return detail::exp_shifted_capped_avx512(scores, n, cap);
+    if (cpu_features().avx512f && cpu_features().avx512dq)
+      return detail::exp_shifted_capped_avx512(scores, n, cap, scale);
 #endif
-  return detail::exp_shifted_capped_generic(scores, n, cap);
+  return detail::exp_shifted_capped_generic(scores, n, cap, scale);
 }
 
 }  // namespace ldlm
