@@ -266,6 +266,57 @@ TEST(PackedProduct, ShapeErrorsNameTheWeight) {
 // baked into each primitive and part of its cache key, dense operands get oneDNN's
 // blocked (AMX) kernels and strided ones its GEMM inside the same primitive. Every
 // combination against double on the same bf16 operands, at the products' tolerance.
+// The MLPs' first product writes activation(x · W + b) as the second one's bf16
+// operand (PackedMatrix::multiply_activated). With W the identity, each output is the
+// activation of one value: gelu_tanh and gelu_erf differ by 1-2 % of GELU's value
+// near x = -2.5, far beyond the 2^-8 of bf16's rounding, so each must match its own
+// definition (in double) and fail the other's. rtol 2^-8 + 1e-5 (oneDNN's tanh and
+// erf approximations), atol 1e-6.
+TEST(Bf16Gemm, ActivatedProductsWriteEachActivationRoundedOnceAndBf16InputsMultiplyAsRounded) {
+  if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel: the MLPs activate and round separately";
+  constexpr Index M = 40, K = 64;
+  const PackedMatrix identity =
+      PackedMatrix::pack(Matrix<float>::Identity(K, K), WeightLayout::out_in, Precision::bf16);
+  Matrix<float> x(M, K);
+  for (Index i = 0; i < x.size(); ++i) x.data()[i] = -4.0f + 8.0f * static_cast<float>(i % 97) / 96.0f;
+  std::vector<float> bias(static_cast<std::size_t>(K));
+  for (Index j = 0; j < K; ++j) bias[static_cast<std::size_t>(j)] = 0.03125f * static_cast<float>(j % 5);
+  std::vector<std::byte> scratch_storage(identity.scratch_bytes(M) + 64);
+  std::byte* scratch = scratch_storage.data() + (64 - reinterpret_cast<std::uintptr_t>(scratch_storage.data()) % 64);
+
+  auto gelu = [](Activation a, double v) {
+    return a == Activation::gelu_erf ? 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)))
+                                     : 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+  };
+  for (const Activation activation : {Activation::gelu_tanh, Activation::gelu_erf}) {
+    const Activation other = activation == Activation::gelu_tanh ? Activation::gelu_erf : Activation::gelu_tanh;
+    std::vector<bf16> y(static_cast<std::size_t>(M * K));
+    identity.multiply_activated(x.data(), K, M, bias.data(), activation, y.data(), scratch);
+    double worst = 0, worst_other = 0;
+    Index at = 0;
+    for (Index i = 0; i < M * K; ++i) {
+      const double v = double(round_to_bf16(x.data()[i])) + bias[static_cast<std::size_t>(i % K)];
+      const double got = bf16_to_float(y[static_cast<std::size_t>(i)]);
+      auto ratio = [&](double want) { return std::abs(got - want) / (1e-6 + (1.0 / 256 + 1e-5) * std::abs(want)); };
+      if (ratio(gelu(activation, v)) > worst) worst = ratio(gelu(activation, v)), at = i;
+      worst_other = std::max(worst_other, ratio(gelu(other, v)));
+    }
+    const double v_at = double(round_to_bf16(x.data()[at])) + bias[static_cast<std::size_t>(at % K)];
+    EXPECT_LE(worst, 1.0) << "activation " << static_cast<int>(activation) << ": worst at " << at << ", got "
+                          << bf16_to_float(y[static_cast<std::size_t>(at)]) << ", reference " << gelu(activation, v_at);
+    EXPECT_GT(worst_other, 1.0) << "the test cannot tell activation " << static_cast<int>(activation) << " from "
+                                << static_cast<int>(other);
+  }
+
+  // x already in bf16 (the activated rows) multiplies exactly as x rounded by multiply().
+  Matrix<float> from_float(M, K), from_bf16(M, K);
+  std::vector<bf16> xb(static_cast<std::size_t>(M * (K + 8)));  // rows 8 wider: a strided input
+  for (Index r = 0; r < M; ++r) to_bf16(x.row(r).data(), K, xb.data() + r * (K + 8));
+  identity.multiply(x.data(), K, M, bias.data(), from_float.data(), K, scratch);
+  identity.multiply(xb.data(), K + 8, M, bias.data(), from_bf16.data(), K, scratch);
+  EXPECT_TRUE(from_float == from_bf16) << "max |difference| " << (from_float - from_bf16).cwiseAbs().maxCoeff();
+}
+
 TEST(Bf16Gemm, FixedShapeProductsMatchDoubleForEveryLayoutStrideAlphaAndBeta) {
   if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel: attention rounds fp32 operands instead";
   std::srand(5);

@@ -80,6 +80,7 @@ struct Linear {
   Index in_features() const { return weight.shape()[1]; }
   Index out_features() const { return weight.shape()[0]; }
   Precision precision() const { return weight.precision(); }
+  const S* bias_data() const { return has_bias ? bias.data() : nullptr; }
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {
@@ -90,7 +91,7 @@ struct Linear {
   /// y[M, out] = x[M, in] Wᵀ (+ b), then epilogue (see ldlm::linear). y must not alias x.
   template <class Epilogue = std::nullptr_t>
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
-    linear_forward<S>(ctx, x, weight, has_bias ? bias.data() : nullptr, y, std::forward<Epilogue>(epilogue));
+    linear_forward<S>(ctx, x, weight, bias_data(), y, std::forward<Epilogue>(epilogue));
   }
 };
 
@@ -106,6 +107,7 @@ struct Conv1D {
   Index in_features() const { return weight.shape()[0]; }
   Index out_features() const { return weight.shape()[1]; }
   Precision precision() const { return weight.precision(); }
+  const S* bias_data() const { return bias.data(); }
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {
@@ -115,7 +117,7 @@ struct Conv1D {
 
   template <class Epilogue = std::nullptr_t>
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
-    linear_forward<S>(ctx, x, weight, bias.data(), y, std::forward<Epilogue>(epilogue));
+    linear_forward<S>(ctx, x, weight, bias_data(), y, std::forward<Epilogue>(epilogue));
   }
 };
 

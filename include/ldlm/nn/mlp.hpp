@@ -3,12 +3,39 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "ldlm/nn/linear.hpp"
 #include "ldlm/nn/norm.hpp"
 #include "ldlm/ops/activation.hpp"
 
 namespace ldlm::nn {
+
+namespace detail {
+/// y = down(activation(up(x))) for Linear or Conv1D maps, the hidden activations in
+/// the context's arena. On bf16 kernels up's product applies the activation and
+/// writes down's bf16 operand itself: one pass over the hidden rows where the
+/// unfused order makes three (write, activate, round for the next product). Either
+/// way the activation is computed in fp32 and rounded to bf16 once.
+template <class S, class Up, class Down>
+void up_activate_down(Context& ctx, ConstMatRef<S> x, const Up& up, Activation activation, const Down& down,
+                      MatRef<S> y) {
+  Arena::Scope scope(ctx.arena());
+  const Index rows = x.rows(), hidden = up.out_features();
+  if constexpr (std::is_same_v<S, float>) {
+    const PackedMatrix *up_packed = up.weight.packed(), *down_packed = down.weight.packed();
+    if (up_packed && down_packed && up_packed->bf16_operands() && down_packed->bf16_operands()) {
+      bf16* h = ctx.arena().allocate<bf16>(static_cast<std::size_t>(rows * hidden));  // [rows, h]
+      linear_activated(ctx, x, *up_packed, up.bias_data(), activation, h);
+      linear(ctx, BF16Rows{h, rows, hidden, hidden}, *down_packed, down.bias_data(), y);
+      return;
+    }
+  }
+  MatrixMap<S> h(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
+  up.forward(ctx, x, h, per_row_epilogue<S>(activation_inplace<S>(activation)));
+  down.forward(ctx, h, y);
+}
+}  // namespace detail
 
 /// Perceiver FFN: LayerNorm → Linear(d, h) → GELU(erf) → Dropout → Linear(h, d).
 template <class S = float>
@@ -31,12 +58,9 @@ struct PerceiverFFN {
   /// y must not alias x.
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
-    const Index rows = x.rows(), hidden = up.out_features();
-    MatrixMap<S> n(ctx.arena().allocate<S>(rows * x.cols()), rows, x.cols());  // [rows, d]
-    MatrixMap<S> h(ctx.arena().allocate<S>(rows * hidden), rows, hidden);      // [rows, h]
+    MatrixMap<S> n(ctx.arena().allocate<S>(x.rows() * x.cols()), x.rows(), x.cols());  // [rows, d]
     norm.forward(ctx, x, n);
-    up.forward(ctx, n, h, per_row_epilogue<S>(gelu_erf_inplace<S>));
-    down.forward(ctx, h, y);
+    detail::up_activate_down<S>(ctx, n, up, Activation::gelu_erf, down, y);
   }
 };
 
@@ -84,10 +108,7 @@ struct GeluMLP {
 
   /// y must not alias x.
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
-    Arena::Scope scope(ctx.arena());
-    MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * fc1.out_features()), x.rows(), fc1.out_features());  // [rows, h]
-    fc1.forward(ctx, x, h, per_row_epilogue<S>(gelu_tanh_inplace<S>));
-    fc2.forward(ctx, h, y);
+    detail::up_activate_down<S>(ctx, x, fc1, Activation::gelu_tanh, fc2, y);
   }
 };
 
@@ -107,11 +128,7 @@ struct GPT2MLP {
 
   /// y must not alias x.
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
-    Arena::Scope scope(ctx.arena());
-    MatrixMap<S> h(ctx.arena().allocate<S>(x.rows() * c_fc.out_features()), x.rows(),
-                   c_fc.out_features());  // [rows, h]
-    c_fc.forward(ctx, x, h, per_row_epilogue<S>(gelu_tanh_inplace<S>));
-    c_proj.forward(ctx, h, y);
+    detail::up_activate_down<S>(ctx, x, c_fc, Activation::gelu_tanh, c_proj, y);
   }
 };
 

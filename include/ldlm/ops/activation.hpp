@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "ldlm/core/error.hpp"
 #include "ldlm/core/tensor.hpp"
 
 namespace ldlm {
@@ -29,6 +30,17 @@ template <class S>
 void silu_inplace(S* x, Index n) {
   ArrayMap<S> a(x, n);
   a = a / (S(1) + (-a).exp());
+}
+
+/// The activations a product can apply as it writes its output (PackedMatrix::
+/// multiply_activated): those of the MLPs between two linear maps.
+enum class Activation { none, gelu_tanh, gelu_erf };
+
+/// The in-place function of an activation other than none.
+template <class S>
+auto activation_inplace(Activation a) -> void (*)(S*, Index) {
+  if (a == Activation::none) throw InvalidArgument("activation_inplace: Activation::none has no function");
+  return a == Activation::gelu_erf ? gelu_erf_inplace<S> : gelu_tanh_inplace<S>;
 }
 
 /// An epilogue for ldlm::linear that applies one of the activations above to

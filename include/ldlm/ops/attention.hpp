@@ -213,18 +213,17 @@ inline void attention_amx(Context& ctx, HeadRows<float> q, HeadRows<float> k, He
   });
   // Rows past Tk are zeros: their scores are never read and their probabilities are
   // zero, which must not meet a NaN of uninitialised memory.
-  const std::array<float, amx::kMaxHeadDim> zeros{};
-  for_each_row(ctx, B * kv_rows / 2, [&](Index pair) {
-    const Index b = 2 * pair / kv_rows, t = 2 * pair % kv_rows;
-    auto row = [&](HeadRows<float> x, Index u, Index h) {
-      return u < Tk ? x.data + (b * Tk + u) * x.row_stride + h * hd : nullptr;
-    };
-    for (Index h = 0; h < H; ++h) {
-      bf16* key_tiles = head_start(keys, b, h, head_elements);
-      for (Index u = t; u < t + 2; ++u) amx::pack_key(u < Tk ? row(k, u, h) : zeros.data(), u, hd, key_tiles);
-      amx::pack_value_pair(t < Tk ? row(v, t, h) : zeros.data(), row(v, t + 1, h), t, hd,
-                           head_start(values, b, h, head_elements));
-    }
+  const Index kv_blocks = kv_rows / amx::kBlock;
+  ctx.pool().parallel_for(B * H * kv_blocks, [&](Index task, int) {
+    const Index block = task % kv_blocks, h = (task / kv_blocks) % H, b = task / (kv_blocks * H);
+    const Index t0 = block * amx::kBlock, count = std::min(amx::kBlock, Tk - t0);
+    const Index offset = (b * Tk + t0) * k.row_stride + h * hd;
+    bf16* const key_tiles = head_start(keys, b, h, head_elements) + t0 * hd;  // a block's tiles: 32 · hd values
+    amx::pack_key_block(k.data + offset, k.row_stride, std::min<Index>(count, 16), hd, key_tiles);
+    const float* second_keys = count > 16 ? k.data + offset + 16 * k.row_stride : nullptr;  // (null: all zero)
+    amx::pack_key_block(second_keys, k.row_stride, std::max<Index>(count - 16, 0), hd, key_tiles + 16 * hd);
+    amx::pack_value_block(v.data + (b * Tk + t0) * v.row_stride + h * hd, v.row_stride, count, hd,
+                          head_start(values, b, h, head_elements) + t0 * hd);
   });
 
   const Index blocks = q_rows / amx::kBlock;

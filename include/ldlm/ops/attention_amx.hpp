@@ -36,27 +36,38 @@ inline bool supports_head_dim(Index head_dim) { return head_dim % kBlock == 0 &&
 
 inline Index padded_rows(Index rows) { return (rows + kBlock - 1) / kBlock * kBlock; }
 
-/// Key t of one head (x: hd floats) into that head's key tiles.
-inline void pack_key(const float* x, Index t, Index hd, bf16* head) {
-  std::array<bf16, kMaxHeadDim> values;
-  to_bf16(x, hd, values.data());
-  const Index depth_tiles = hd / kBlock;
-  bf16* block = head + (t / 16) * depth_tiles * kTileElements + (t % 16) * 2;
-  for (Index pair = 0; pair < hd / 2; ++pair)
-    std::memcpy(block + (pair / 16) * kTileElements + (pair % 16) * kBlock, values.data() + 2 * pair, 2 * sizeof(bf16));
+/// `count` rows of hd floats (row stride ld) into `rows` rows of bf16, zeros past count.
+inline void bf16_rows(const float* x, Index ld, Index count, Index rows, Index hd, bf16* to) {
+  for (Index r = 0; r < rows; ++r)
+    if (r < count)
+      to_bf16(x + r * ld, hd, to + r * hd);
+    else
+      std::fill_n(to + r * hd, hd, bf16{});
 }
 
-/// Values t and t + 1 (t even; x1 null past the last key: zeros) into the value tiles.
-inline void pack_value_pair(const float* x0, const float* x1, Index t, Index hd, bf16* head) {
-  std::array<bf16, kMaxHeadDim> first, second{};
-  to_bf16(x0, hd, first.data());
-  if (x1) to_bf16(x1, hd, second.data());
-  bf16* row = head + (t / kBlock) * (hd / 16) * kTileElements + ((t % kBlock) / 2) * kBlock;
-  for (Index d = 0; d < hd; ++d) {
-    bf16* pair = row + (d / 16) * kTileElements + (d % 16) * 2;
-    pair[0] = first[static_cast<std::size_t>(d)];
-    pair[1] = second[static_cast<std::size_t>(d)];
-  }
+/// The 16 keys of one block of one head (`count` real rows of x, row stride ld; the
+/// rest zero) into that block's hd/32 key tiles, each written in order.
+inline void pack_key_block(const float* x, Index ld, Index count, Index hd, bf16* tiles) {
+  std::array<bf16, 16 * kMaxHeadDim> keys;  // [16, hd]
+  bf16_rows(x, ld, count, 16, hd, keys.data());
+  for (Index c = 0; c < hd / kBlock; ++c)
+    for (Index r = 0; r < 16; ++r)
+      for (Index n = 0; n < 16; ++n)  // element (r, n) is the pair at depth 32c + 2r of key n
+        std::memcpy(tiles + c * kTileElements + r * kBlock + 2 * n, keys.data() + n * hd + c * kBlock + 2 * r,
+                    2 * sizeof(bf16));
+}
+
+/// The 32 values of one block of one head into that block's hd/16 value tiles.
+inline void pack_value_block(const float* x, Index ld, Index count, Index hd, bf16* tiles) {
+  std::array<bf16, kBlock * kMaxHeadDim> values;  // [32, hd]
+  bf16_rows(x, ld, count, kBlock, hd, values.data());
+  for (Index ct = 0; ct < hd / 16; ++ct)
+    for (Index r = 0; r < 16; ++r)
+      for (Index n = 0; n < 16; ++n) {  // element (r, n) pairs values 2r and 2r + 1 of column 16ct + n
+        bf16* pair = tiles + ct * kTileElements + r * kBlock + 2 * n;
+        pair[0] = values[static_cast<std::size_t>(2 * r * hd + 16 * ct + n)];
+        pair[1] = values[static_cast<std::size_t>((2 * r + 1) * hd + 16 * ct + n)];
+      }
 }
 
 #if defined(LDLM_HAVE_AMX)

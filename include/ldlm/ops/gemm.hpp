@@ -40,6 +40,7 @@
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
+#include "ldlm/ops/activation.hpp"
 
 #if defined(LDLM_HAVE_ONEDNN)
 #include <dlfcn.h>
@@ -328,16 +329,30 @@ inline memory::desc packed_weight_desc(Index N, Index K, memory::data_type type)
 }
 
 /// y[M, N] = x[M, K] · W (+ bias) on a packed weight; x and y dense.
-inline Matmul& packed_matmul(const memory::desc& weights, Index M, bool bias) {
+/// With an activation, the product writes activation(x · W + b) in bf16: the operand
+/// of the next bf16 product, computed in fp32 and rounded once (oneDNN's eltwise
+/// post-op), as ldlm computes it unfused.
+inline Matmul& packed_matmul(const memory::desc& weights, Index M, bool bias,
+                             Activation activation = Activation::none) {
   // Rows and bias first: they tell most entries apart before the descriptors are compared.
-  thread_local MatmulCache<std::tuple<Index, bool, memory::desc>> cache;
-  return cached_matmul(cache, std::tuple(M, bias, weights), [&] {
+  thread_local MatmulCache<std::tuple<Index, bool, Activation, memory::desc>> cache;
+  return cached_matmul(cache, std::tuple(M, bias, activation, weights), [&] {
     const Dims dims = weights.dims();  // [K, N]
     const memory::desc a({M, dims[0]}, weights.data_type(), memory::format_tag::ab);
-    const memory::desc c({M, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
+    const auto out_type = activation == Activation::none ? memory::data_type::f32 : memory::data_type::bf16;
+    const memory::desc c({M, dims[1]}, out_type, memory::format_tag::ab);
     const memory::desc b({1, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
+    dnnl::primitive_attr attr = product_attr(0.0f);
+    if (activation != Activation::none) {
+      dnnl::post_ops ops;
+      ops.append_eltwise(
+          1.0f,
+          activation == Activation::gelu_tanh ? dnnl::algorithm::eltwise_gelu_tanh : dnnl::algorithm::eltwise_gelu_erf,
+          0.0f, 0.0f);
+      attr.set_post_ops(ops);
+    }
     return dnnl::matmul::primitive_desc(bias ? dnnl::matmul::desc(a, weights, b, c) : dnnl::matmul::desc(a, weights, c),
-                                        product_attr(0.0f), engine());
+                                        attr, engine());
   });
 }
 
@@ -516,27 +531,43 @@ class PackedMatrix {
   /// Runs on the calling thread only.
   void multiply(const float* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
     if (M == 0 || n_ == 0) return;
-    float* const x_copy = reinterpret_cast<float*>(scratch);
-    float* const y_dense = x_copy + M * k_;
-    // Operands the kernel can take: bf16 converted or bf16-rounded rows, or dense rows.
-    const bool round_operands = precision_ == Precision::bf16;
-    const void* a = x;
-    if (bf16_operands_) {
-      for (Index r = 0; r < M; ++r) to_bf16(x + r * ldx, k_, reinterpret_cast<bf16*>(x_copy) + r * k_);
-      a = x_copy;
-    } else if (round_operands || ldx != k_) {
-      for (Index r = 0; r < M; ++r) {
-        if (round_operands)
-          round_to_bf16(x + r * ldx, k_, x_copy + r * k_);
-        else
-          std::copy_n(x + r * ldx, k_, x_copy + r * k_);
-      }
-      a = x_copy;
-    }
+    float* const y_dense = reinterpret_cast<float*>(scratch) + M * k_;
     float* out = ldy == n_ ? y : y_dense;
-    multiply_dense(a, M, bias, out);
+    multiply_dense(operand(x, ldx, M, scratch), M, bias, out, Activation::none);
     if (out != y)
       for (Index r = 0; r < M; ++r) std::copy_n(out + r * n_, n_, y + r * ldy);
+  }
+
+  /// Whether the product takes bf16 operands and can write them (the overloads below).
+  bool bf16_operands() const { return bf16_operands_; }
+
+  /// y[M, N] = x[M, K] · W (+ bias[N]) on x already in bf16 (row stride ldx), as
+  /// `multiply` would round it; needs bf16_operands().
+  void multiply(const bf16* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
+    if (M == 0 || n_ == 0) return;
+    require_bf16_operands("a bf16 input");
+    const bf16* a = x;
+    if (ldx != k_) {
+      bf16* const x_copy = reinterpret_cast<bf16*>(scratch);
+      for (Index r = 0; r < M; ++r) std::copy_n(x + r * ldx, k_, x_copy + r * k_);
+      a = x_copy;
+    }
+    float* const y_dense = reinterpret_cast<float*>(scratch) + M * k_;
+    float* out = ldy == n_ ? y : y_dense;
+    multiply_dense(a, M, bias, out, Activation::none);
+    if (out != y)
+      for (Index r = 0; r < M; ++r) std::copy_n(out + r * n_, n_, y + r * ldy);
+  }
+
+  /// y[M, N] = activation(x[M, K] · W (+ bias[N])) in bf16, dense: computed in fp32
+  /// and rounded once, the next product's operand. Needs bf16_operands().
+  void multiply_activated(const float* x, Index ldx, Index M, const float* bias, Activation activation, bf16* y,
+                          std::byte* scratch) const {
+    if (M == 0 || n_ == 0) return;
+    require_bf16_operands("a bf16 output");
+    if (activation == Activation::none)
+      throw InvalidArgument("PackedMatrix::multiply_activated: needs an activation, got none");
+    multiply_dense(operand(x, ldx, M, scratch), M, bias, y, activation);
   }
 
  private:
@@ -557,21 +588,49 @@ class PackedMatrix {
     std::size_t size_ = 0;
   };
 
-  void multiply_dense(const void* a, Index M, const float* bias, float* y) const {
+  void require_bf16_operands(const char* what) const {
+    if (!bf16_operands_)
+      throw InvalidArgument(std::string("PackedMatrix: ") + what +
+                            " needs a weight packed for bf16 kernels; this one is " +
+                            std::string(precision_name(precision_)) + " on " + kernel_);
+  }
+
+  /// x as the kernel takes it: bf16 converted or bf16-rounded rows, or dense rows
+  /// (in scratch), or x itself.
+  const void* operand(const float* x, Index ldx, Index M, std::byte* scratch) const {
+    float* const x_copy = reinterpret_cast<float*>(scratch);
+    if (bf16_operands_) {
+      for (Index r = 0; r < M; ++r) to_bf16(x + r * ldx, k_, reinterpret_cast<bf16*>(x_copy) + r * k_);
+      return x_copy;
+    }
+    const bool round_operands = precision_ == Precision::bf16;
+    if (!round_operands && ldx == k_) return x;
+    for (Index r = 0; r < M; ++r) {
+      if (round_operands)
+        round_to_bf16(x + r * ldx, k_, x_copy + r * k_);
+      else
+        std::copy_n(x + r * ldx, k_, x_copy + r * k_);
+    }
+    return x_copy;
+  }
+
+  /// y: float, or bf16 when there is an activation (only on bf16 kernels).
+  void multiply_dense(const void* a, Index M, const float* bias, void* y, Activation activation) const {
 #if defined(LDLM_HAVE_ONEDNN)
     if (!plain_) {
       namespace dd = detail::onednn;
-      dd::Matmul& mm = dd::packed_matmul(desc_, M, bias != nullptr);
+      dd::Matmul& mm = dd::packed_matmul(desc_, M, bias != nullptr, activation);
       dd::ProductArgs args;
       args.add(DNNL_ARG_SRC, desc_.data_type(), M, k_, k_, 1, a);
       args.add_packed(DNNL_ARG_WEIGHTS, desc_, storage_.data());
-      args.add(DNNL_ARG_DST, dd::memory::data_type::f32, M, n_, n_, 1, y);
+      args.add(DNNL_ARG_DST, activation == Activation::none ? dd::memory::data_type::f32 : dd::memory::data_type::bf16,
+               M, n_, n_, 1, y);
       if (bias) args.add(DNNL_ARG_BIAS, dd::memory::data_type::f32, 1, n_, n_, 1, bias);
       args.execute(mm);
       return;
     }
 #endif
-    MatrixMap<float> out(y, M, n_);
+    MatrixMap<float> out(static_cast<float*>(y), M, n_);  // (activations need bf16 kernels: not here)
     if (bias)
       out.rowwise() = ConstRowVectorMap<float>(bias, n_);
     else

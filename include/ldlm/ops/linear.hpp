@@ -54,18 +54,13 @@ void linear(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> w, const S* bias, Mat
   });
 }
 
-/// y[M, N] = x[M, K] · W (+ bias[N]) with a packed weight, then `epilogue` on each
-/// finished block of rows, as above. Rows are split over the threads in blocks of
-/// at least 16 (packed kernels keep their speed down to that many rows; below, bf16
-/// loses it at 8 rows and fp32 at 4: bench/results/README.md).
-/// y must not alias x.
-template <class Epilogue = std::nullptr_t>
-void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
-            Epilogue&& epilogue = nullptr) {
-  const Index M = x.rows(), N = w.out_features(), K = w.in_features();
-  if (x.cols() != K || y.rows() != M || y.cols() != N)
-    throw ShapeError("linear: x " + shape_string(Shape{M, x.cols()}) + ", weight " + shape_string(w.weight_shape()) +
-                     ", y " + shape_string(Shape{y.rows(), y.cols()}) + " do not fit");
+namespace detail {
+/// Runs product(r0, rows, scratch) over blocks of x's M rows, one per thread, in
+/// blocks of at least 16 (packed kernels keep their speed down to that many rows;
+/// below, bf16 loses it at 8 rows and fp32 at 4: bench/results/README.md). scratch
+/// holds w.scratch_bytes of the largest block.
+template <class Product>
+void split_packed_rows(Context& ctx, Index M, const PackedMatrix& w, Product&& product) {
   if (M == 0) return;
   const Index parts = std::clamp<Index>(M / 16, 1, ctx.threads());
   const Index chunk = (M + parts - 1) / parts;
@@ -74,9 +69,45 @@ void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const flo
     if (rows <= 0) return;
     Arena& arena = ctx.worker_arena(worker);
     Arena::Scope scope(arena);
-    w.multiply(x.row(r0).data(), x.outerStride(), rows, bias, y.row(r0).data(), y.outerStride(),
-               arena.allocate<std::byte>(w.scratch_bytes(chunk)));  // the largest part's: sized once
+    product(r0, rows, arena.allocate<std::byte>(w.scratch_bytes(chunk)));  // the largest part's: sized once
+  });
+}
+
+inline void check_packed_shapes(Index x_rows, Index x_cols, const PackedMatrix& w, Index y_rows, Index y_cols) {
+  if (x_cols != w.in_features() || y_rows != x_rows || y_cols != w.out_features())
+    throw ShapeError("linear: x " + shape_string(Shape{x_rows, x_cols}) + ", weight " + shape_string(w.weight_shape()) +
+                     ", y " + shape_string(Shape{y_rows, y_cols}) + " do not fit");
+}
+}  // namespace detail
+
+/// y[M, N] = x[M, K] · W (+ bias[N]) with a packed weight, then `epilogue` on each
+/// finished block of rows, as above. y must not alias x.
+template <class Epilogue = std::nullptr_t>
+void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
+            Epilogue&& epilogue = nullptr) {
+  detail::check_packed_shapes(x.rows(), x.cols(), w, y.rows(), y.cols());
+  detail::split_packed_rows(ctx, x.rows(), w, [&](Index r0, Index rows, std::byte* scratch) {
+    w.multiply(x.row(r0).data(), x.outerStride(), rows, bias, y.row(r0).data(), y.outerStride(), scratch);
     if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(y.middleRows(r0, rows));
+  });
+}
+
+/// y[M, N] = x[M, K] · W (+ bias[N]) on bf16 rows x (from linear_activated), with a
+/// weight packed for bf16 kernels.
+inline void linear(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, MatRef<float> y) {
+  detail::check_packed_shapes(x.rows, x.cols, w, y.rows(), y.cols());
+  detail::split_packed_rows(ctx, x.rows, w, [&](Index r0, Index rows, std::byte* scratch) {
+    w.multiply(x.data + r0 * x.stride, x.stride, rows, bias, y.row(r0).data(), y.outerStride(), scratch);
+  });
+}
+
+/// y[M, N] = activation(x[M, K] · W (+ bias[N])) as dense bf16 rows: the operand of
+/// the next product, written by this one (PackedMatrix::multiply_activated).
+inline void linear_activated(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias,
+                             Activation activation, bf16* y) {
+  detail::check_packed_shapes(x.rows(), x.cols(), w, x.rows(), w.out_features());
+  detail::split_packed_rows(ctx, x.rows(), w, [&](Index r0, Index rows, std::byte* scratch) {
+    w.multiply_activated(x.row(r0).data(), x.outerStride(), rows, bias, activation, y + r0 * w.out_features(), scratch);
   });
 }
 
