@@ -628,7 +628,8 @@ TEST(SoftmaxRow, NanScoreMakesTheSumNanAsTheDefinitionDoes) {
 // The softmax row of bf16 attention on AMX: probabilities e_j / Σ rounded to bf16,
 // against the definition in double. Rounding to bf16's 8 significant bits moves a
 // value by up to 2^-8 of itself, and the float is within a few ulp of the exponent
-// (up to 2 · 50 · log2 e) of the true value, about 1e-5: rtol 2^-8 + 2e-5. atol
+// of the true value: up to 2 · 50 · log2 e with softcap 50, and |scale · s · log2 e| up
+// to about 430 without a cap at spread 300, at most about 1e-5: rtol 2^-8 + 2e-5. atol
 // covers probabilities that underflow (below 1e-38, flushed to zero by the instruction).
 constexpr Tolerance kBf16ProbabilityTol{1e-37, 1.0 / 256 + 2e-5};
 
@@ -665,6 +666,19 @@ TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
         }
 }
 
+TEST(SoftmaxRow, Bf16ProbabilitiesRejectARowThatDoesNotFitItsPadding) {
+  const CpuFeatures& cpu = cpu_features();
+  if (!(cpu.avx512f && cpu.avx512dq && cpu.avx512bw && cpu.avx512_bf16)) GTEST_SKIP() << "needs AVX512_BF16";
+  std::vector<float> row(64, 1.0f);
+  std::vector<bf16> p(64);
+  EXPECT_THAT(
+      error_of<InvalidArgument>([&] { detail::softmax_row_to_bf16_avx512(row.data(), 40, 48, 1, 0, p.data()); }),
+      HasSubstr("got visible 40, padded 48"));
+  EXPECT_THAT(
+      error_of<InvalidArgument>([&] { detail::softmax_row_to_bf16_avx512(row.data(), 40, 32, 1, 0, p.data()); }),
+      HasSubstr("got visible 40, padded 32"));
+}
+
 TEST(SoftmaxRow, Bf16ProbabilitiesOfARowWithANanAreNan) {
   const CpuFeatures& cpu = cpu_features();
   if (!(cpu.avx512f && cpu.avx512dq && cpu.avx512bw && cpu.avx512_bf16)) GTEST_SKIP() << "needs AVX512_BF16";
@@ -678,6 +692,44 @@ TEST(SoftmaxRow, Bf16ProbabilitiesOfARowWithANanAreNan) {
   }
 }
 #endif
+
+// ------------------------------------------------------------------ AMX operand tiles
+
+// The packing of the AMX attention kernel against the layout its header documents,
+// on any CPU. Every value (128 + d) · 2^(t − 16) is exact in bf16 and distinct, so
+// a misplaced or transposed element shows.
+float distinct_value(Index t, Index d) { return std::ldexp(128.0f + static_cast<float>(d), static_cast<int>(t) - 16); }
+
+TEST(AmxAttention, KeyAndValueTilesHoldTheDocumentedPairs) {
+  constexpr Index hd = 64, ld = hd + 8;  // rows of a wider buffer, as q | k | v are
+  std::vector<float> x(static_cast<std::size_t>(32 * ld));
+  for (Index t = 0; t < 32; ++t)
+    for (Index d = 0; d < hd; ++d) x[static_cast<std::size_t>(t * ld + d)] = distinct_value(t, d);
+  // Element (r, n, e) of every tile against the source value (row, column) it must hold.
+  auto expect_tiles = [&](const char* what, const std::vector<bf16>& tiles, Index count, auto source) {
+    for (Index tile = 0; tile < static_cast<Index>(tiles.size()) / 512; ++tile)
+      for (Index r = 0; r < 16; ++r)
+        for (Index n = 0; n < 16; ++n)
+          for (Index e = 0; e < 2; ++e) {
+            const auto [t, d] = source(tile, r, n, e);
+            ASSERT_EQ(bf16_to_float(tiles[static_cast<std::size_t>(tile * 512 + r * 32 + 2 * n + e)]),
+                      t < count ? distinct_value(t, d) : 0.0f)
+                << what << " tile " << tile << ", element (" << r << ", " << n << ", " << e << ")";
+          }
+  };
+
+  constexpr Index key_count = 13, value_count = 29;  // the rest of each block is zero
+  std::vector<bf16> keys(static_cast<std::size_t>(16 * hd), float_to_bf16(7.0f));
+  detail::amx::pack_key_block(x.data(), ld, key_count, hd, keys.data());
+  expect_tiles("key", keys, key_count, [](Index c, Index r, Index n, Index e) {
+    return std::pair{n, 32 * c + 2 * r + e};  // key n, depth 32c + 2r + e
+  });
+  std::vector<bf16> values(static_cast<std::size_t>(32 * hd), float_to_bf16(7.0f));
+  detail::amx::pack_value_block(x.data(), ld, value_count, hd, values.data());
+  expect_tiles("value", values, value_count, [](Index ct, Index r, Index n, Index e) {
+    return std::pair{2 * r + e, 16 * ct + n};  // value 2r + e, column 16ct + n
+  });
+}
 
 // ------------------------------------------------------------------ thread counts
 

@@ -6,11 +6,11 @@
 // its own AMX kernels. A tile configuration belongs to a thread, and oneDNN's kernels
 // load theirs on the same threads, so every ldlm kernel loads its own when it starts.
 //
-// GCC's AMX intrinsics are asm statements that tell the compiler nothing about the
-// memory they read or write (and ldtilecfg's operand is declared as 8 bytes, not 64).
-// amx_memory_barrier() goes before the first tile load or configuration of a kernel
-// and after its last tile store, so that ordinary loads and stores are not moved
-// across them.
+// GCC 12's tile loads are asm statements that declare no memory reads, and ldtilecfg's
+// operand is declared as 8 bytes, not 64 (tile stores do clobber memory).
+// amx_memory_barrier() goes before the first tile load or configuration of a kernel,
+// so that the ordinary stores they read are not moved after them, and after its last
+// tile store.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,9 @@
 // Scaled dot-product attention over many heads, tile by tile. For each (batch,
 // head, tile of queries) one task computes the tile's scores against every key
 // with a GEMM, caps and exponentiates them, multiplies by V and normalises; a
-// task holds at most tile_rows × Tk scores, in its worker's scratch arena.
+// task holds at most tile_rows × Tk scores, in its worker's scratch arena. bf16
+// attention on AMX CPUs runs ldlm's own kernel instead (attention_amx, with the
+// tile products in ops/attention_amx.hpp), the same loop on AMX tiles.
 //
 // In bf16 (docs/model.md §Precision) Q, K and V are rounded to bf16 once, and the
 // softmax, computed in fp32 and normalised, is rounded to bf16 before P·V: the
@@ -187,9 +189,10 @@ HeadBlocks<E> bf16_operand(Context& ctx, HeadRows<float> x, Index batch, Index l
 
 #if defined(LDLM_HAVE_AMX)
 /// bf16 attention on ldlm's AMX kernel (ops/attention_amx.hpp): one task per 32
-/// queries of one head. The same values as attention_tiles in bf16 up to summation
-/// order: bf16 operands, fp32 scores scaled and capped, each softmax row normalised
-/// and rounded to bf16 before P·V.
+/// queries of one head. The same semantics as attention_tiles in bf16 (bf16 operands,
+/// fp32 scores scaled and capped, each softmax row normalised and rounded to bf16
+/// before P·V), not the same bits: the summation order, the exponential (base 2,
+/// scale and cap folded) and subnormal probabilities (flushed) differ.
 inline void attention_amx(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, float* out,
                           Index out_stride, const AttentionShape& s, const AttentionOptions& options) {
   const Index B = s.batch, Tq = s.q_len, Tk = s.kv_len, H = s.heads, hd = s.head_dim;

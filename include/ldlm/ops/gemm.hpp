@@ -7,7 +7,8 @@
 //           (PackedMatrix). Attention's products multiply activations: in fp32
 //           with its runtime-shape GEMM, reading the heads in place; in bf16 with
 //           fixed-shape primitives on dense per-head copies, which alone get its
-//           AMX kernels (fixed_matmul).
+//           blocked kernels (fixed_matmul), or, where those are AMX, with ldlm's
+//           own AMX kernel (bf16_attention_amx, ops/attention_amx.hpp).
 //   eigen    Eigen's own products: the fallback of a build without oneDNN.
 // OpenBLAS is not a backend: it picks its kernels by a guess of the CPU model, and on
 // the ldlm-base shapes it was slower than oneDNN even when told the right model
@@ -424,8 +425,10 @@ inline bool bf16_operands_native() {
 inline bool bf16_attention_amx() {
 #if defined(LDLM_HAVE_ONEDNN) && defined(LDLM_HAVE_AMX)
   static const bool amx = [] {
-    // (Its softmax rounds with AVX512_BF16's instruction, which every AMX CPU has.)
-    if (!bf16_operands_native() || !amx_bf16_usable() || !cpu_features().avx512_bf16) return false;
+    // (Its softmax row needs AVX512_BF16, DQ and BW, which every AMX CPU has.)
+    const CpuFeatures& cpu = cpu_features();
+    if (!bf16_operands_native() || !amx_bf16_usable() || !cpu.avx512_bf16 || !cpu.avx512dq || !cpu.avx512bw)
+      return false;
     namespace dd = detail::onednn;
     const auto desc = dd::packed_weight_desc(64, 64, dd::memory::data_type::bf16);
     return dd::packed_matmul(desc, 64, true).kernel.find("amx") != std::string::npos;
@@ -689,7 +692,8 @@ inline GemmPaths gemm_paths() {
     // Without AMX, bf16 attention's products are fixed-shape: report the QKᵀ of one
     // tile of ldlm-base's denoiser (256 queries, 1024 keys, head_dim 64, dense rows).
     p.bf16_attention =
-        bf16_attention_amx() ? "ldlm amx_bf16 (QKᵀ, softmax and P·V per 32 queries; head_dim % 32 = 0)"
+        bf16_attention_amx()
+            ? "ldlm amx_bf16 (QKᵀ, softmax and P·V per 32 queries; head_dim a multiple of 32 up to 256)"
         : bf16_operands_native()
             ? dd::fixed_matmul(dd::memory::data_type::bf16, 256, 1024, 64, 64, 64, true, 1024, 0.125f, 0.0f).kernel
             : p.fp32_attention;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 #include "ldlm/core/cpu.hpp"
@@ -137,7 +138,7 @@ __attribute__((target("avx512f,avx512dq"))) inline float exp_shifted_capped_avx5
 
 /// 2^z in 16 lanes for z ≥ -150 (callers clamp): 2^k · 2^r with k = round(z) and
 /// r = z − k in [-1/2, 1/2] exactly; 2^r = e^(r ln 2) by its Taylor polynomial to
-/// degree 6 (truncation below 1.3e-7 relative). One rounding error fewer than
+/// degree 6 (relative error below 1.7e-7, at r = -1/2). One rounding error fewer than
 /// exp_avx512 takes, for callers that fold ln 2 into their own multiply.
 __attribute__((target("avx512f"))) inline __m512 exp2_avx512(__m512 z) {
   const __m512 k = _mm512_roundscale_ps(z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -162,12 +163,16 @@ __attribute__((target("avx512f"))) inline __m512 exp2_avx512(__m512 z) {
 ///   largest capped score, up to the rounding of tanh, which scales every e_j alike
 ///   and cancels in e_j / Σ.
 /// - The exponential runs in base 2 with cap · log2(e) folded into one FMA: the
-///   result's relative error is a few ulp of the exponent (up to 2 · cap · log2(e)),
-///   as exp_shifted_capped's is of its argument; the probabilities keep 8 bits.
+///   result's relative error is a few ulp of the exponent, which is at most
+///   2 · cap · log2(e) with a cap and |scale · s · log2(e)| without one, as
+///   exp_shifted_capped's is of its argument; the probabilities keep 8 bits.
 /// - The instruction rounds to nearest even as float_to_bf16 does, but flushes
 ///   subnormal results (below 1.2e-38) to zero, which no product can tell.
 __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16"))) inline void softmax_row_to_bf16_avx512(
     float* scores, Index visible, Index padded, float scale, float cap, bf16* probabilities) {
+  if (visible < 1 || padded < visible || padded % 32 != 0)
+    throw InvalidArgument("softmax_row_to_bf16: needs 1 <= visible <= padded, padded a multiple of 32; got visible " +
+                          std::to_string(visible) + ", padded " + std::to_string(padded));
   constexpr float kLog2e = 1.44269504088896341f;
   const Index full = visible / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (visible - full)) - 1u);
