@@ -30,9 +30,8 @@ namespace detail {
 
 /// The definition, in Eigen's vector expressions (any scalar type, any CPU).
 template <class S>
-S exp_shifted_capped_generic(S* scores, Index n, S cap, S scale) {
+S exp_shifted_capped_generic(S* scores, Index n, S cap) {
   Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>> row(scores, n);
-  if (scale != S(1)) row *= scale;
   if (cap > S(0)) row = (row / cap).tanh() * cap;
   row = (row - row.maxCoeff()).exp();
   return row.sum();
@@ -91,25 +90,18 @@ __attribute__((target("avx512f,avx512dq"))) inline __m512 capped_avx512(__m512 s
   return _mm512_mul_ps(_mm512_set1_ps(cap), tanh_avx512(_mm512_mul_ps(s, _mm512_set1_ps(1.0f / cap))));
 }
 
-/// s · scale, or s untouched when scale = 1 (a multiply by 1 would flush a subnormal
-/// under a caller's flush-to-zero mode).
-__attribute__((target("avx512f"))) inline __m512 scaled_avx512(__m512 s, float scale) {
-  return scale != 1.0f ? _mm512_mul_ps(s, _mm512_set1_ps(scale)) : s;
-}
-
-__attribute__((target("avx512f,avx512dq"))) inline float exp_shifted_capped_avx512(float* scores, Index n, float cap,
-                                                                                   float scale) {
+__attribute__((target("avx512f,avx512dq"))) inline float exp_shifted_capped_avx512(float* scores, Index n, float cap) {
   const Index full = n / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (n - full)) - 1u);
 
   __m512 max = _mm512_set1_ps(-INFINITY);
   for (Index j = 0; j < full; j += 16) {
-    const __m512 s = capped_avx512(scaled_avx512(_mm512_loadu_ps(scores + j), scale), cap);
+    const __m512 s = capped_avx512(_mm512_loadu_ps(scores + j), cap);
     _mm512_storeu_ps(scores + j, s);
     max = _mm512_max_ps(max, s);
   }
   if (tail) {
-    const __m512 s = capped_avx512(scaled_avx512(_mm512_maskz_loadu_ps(tail, scores + full), scale), cap);
+    const __m512 s = capped_avx512(_mm512_maskz_loadu_ps(tail, scores + full), cap);
     _mm512_mask_storeu_ps(scores + full, tail, s);
     max = _mm512_mask_max_ps(max, tail, max, s);
   }
@@ -190,7 +182,9 @@ __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16"))) inline void soft
   const __m512 inner = _mm512_set1_ps(capped ? scale / cap : scale * kLog2e);
   const __m512 outer = _mm512_set1_ps(capped ? cap * kLog2e : 1.0f);
   alignas(64) float shift[16];
-  _mm512_store_ps(shift, capped_avx512(scaled_avx512(_mm512_set1_ps(row_max), scale), cap));
+  // (scale = 1 multiplies nothing: a multiply by 1 would flush a subnormal maximum
+  // under a caller's flush-to-zero mode.)
+  _mm512_store_ps(shift, capped_avx512(_mm512_set1_ps(scale != 1.0f ? row_max * scale : row_max), cap));
   const __m512 offset = _mm512_set1_ps(-shift[0] * kLog2e);
   const __m512 lowest = _mm512_set1_ps(-150.0f);  // 2^-150 is 0 in float; keeps -inf from making NaN
   auto exponent = [&](__m512 s) __attribute__((target("avx512f,avx512dq"))) {
@@ -220,33 +214,31 @@ __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16"))) inline void soft
   for (; j + 32 <= visible; j += 32)
     store_pair(j, _mm512_mul_ps(_mm512_loadu_ps(scores + j), inverse),
                _mm512_mul_ps(_mm512_loadu_ps(scores + j + 16), inverse));
+  // The last visible values and the zeros after them. The product is masked as well as
+  // the load: a NaN row's inverse would turn a zero into NaN.
   for (; j < padded; j += 32) {
-    const Index low = std::clamp<Index>(visible - j, 0, 16), high = std::clamp<Index>(visible - j - 16, 0, 16);
-    store_pair(
-        j,
-        _mm512_maskz_mul_ps(static_cast<__mmask16>((1u << low) - 1u),
-                            _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << low) - 1u), scores + j), inverse),
-        _mm512_maskz_mul_ps(static_cast<__mmask16>((1u << high) - 1u),
-                            _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << high) - 1u), scores + j + 16),
-                            inverse));
+    auto lanes_visible = [&](Index from) {
+      return static_cast<__mmask16>((1u << std::clamp<Index>(visible - from, 0, 16)) - 1u);
+    };
+    const __mmask16 low = lanes_visible(j), high = lanes_visible(j + 16);
+    store_pair(j, _mm512_maskz_mul_ps(low, _mm512_maskz_loadu_ps(low, scores + j), inverse),
+               _mm512_maskz_mul_ps(high, _mm512_maskz_loadu_ps(high, scores + j + 16), inverse));
   }
 }
 #endif
 
 }  // namespace detail
 
-/// scores[j] ← exp(capped(scale · scores[j]) − max_i capped(scale · scores[i])) for j
-/// in [0, n), in place, with capped(s) = cap · tanh(s / cap) when cap > 0 and s
-/// otherwise; returns the sum of the new values (the softmax's denominator). n ≥ 1.
-/// (A scale lets a caller whose product cannot scale, as AMX's cannot, fold it in here.)
+/// scores[j] ← exp(capped(scores[j]) − max_i capped(scores[i])) for j in [0, n), in
+/// place, with capped(s) = cap · tanh(s / cap) when cap > 0 and s otherwise; returns
+/// the sum of the new values (the softmax's denominator). n ≥ 1.
 template <class S>
-S exp_shifted_capped(S* scores, Index n, S cap, S scale = S(1)) {
+S exp_shifted_capped(S* scores, Index n, S cap) {
 #if defined(LDLM_HAVE_AVX512_SOFTMAX)
   if constexpr (std::is_same_v<S, float>)
-    if (cpu_features().avx512f && cpu_features().avx512dq)
-      return detail::exp_shifted_capped_avx512(scores, n, cap, scale);
+    if (cpu_features().avx512f && cpu_features().avx512dq) return detail::exp_shifted_capped_avx512(scores, n, cap);
 #endif
-  return detail::exp_shifted_capped_generic(scores, n, cap, scale);
+  return detail::exp_shifted_capped_generic(scores, n, cap);
 }
 
 }  // namespace ldlm
