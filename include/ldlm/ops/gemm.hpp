@@ -244,16 +244,19 @@ Matmul& cached_matmul(MatmulCache<Key>& cache, const Key& key, Describe&& descri
   return cache.back().second;
 }
 
-/// The attributes every product shares: the user scratchpad (see Matmul) and, for
-/// beta != 0, C accumulated as beta · C.
-inline dnnl::primitive_attr product_attr(float beta) {
+/// The attributes every product shares: the user scratchpad (see Matmul) and its
+/// post-ops: for beta != 0, C accumulated as beta · C; then the activation, if any.
+inline dnnl::primitive_attr product_attr(float beta, Activation activation = Activation::none) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (beta != 0.0f) {
-    dnnl::post_ops ops;
-    ops.append_sum(beta);
-    attr.set_post_ops(ops);
-  }
+  dnnl::post_ops ops;
+  if (beta != 0.0f) ops.append_sum(beta);
+  if (activation != Activation::none)
+    ops.append_eltwise(
+        1.0f,
+        activation == Activation::gelu_tanh ? dnnl::algorithm::eltwise_gelu_tanh : dnnl::algorithm::eltwise_gelu_erf,
+        0.0f, 0.0f);
+  if (ops.len() > 0) attr.set_post_ops(ops);
   return attr;
 }
 
@@ -343,17 +346,8 @@ inline Matmul& packed_matmul(const memory::desc& weights, Index M, bool bias,
     const auto out_type = activation == Activation::none ? memory::data_type::f32 : memory::data_type::bf16;
     const memory::desc c({M, dims[1]}, out_type, memory::format_tag::ab);
     const memory::desc b({1, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
-    dnnl::primitive_attr attr = product_attr(0.0f);
-    if (activation != Activation::none) {
-      dnnl::post_ops ops;
-      ops.append_eltwise(
-          1.0f,
-          activation == Activation::gelu_tanh ? dnnl::algorithm::eltwise_gelu_tanh : dnnl::algorithm::eltwise_gelu_erf,
-          0.0f, 0.0f);
-      attr.set_post_ops(ops);
-    }
     return dnnl::matmul::primitive_desc(bias ? dnnl::matmul::desc(a, weights, b, c) : dnnl::matmul::desc(a, weights, c),
-                                        attr, engine());
+                                        product_attr(0.0f, activation), engine());
   });
 }
 
@@ -399,21 +393,29 @@ void gemm(ConstMatRef<S> a, ConstMatRef<S> b, bool transpose_b, S alpha, S beta,
     c.noalias() += (alpha * a) * b;
 }
 
+#if defined(LDLM_HAVE_ONEDNN)
+namespace detail::onednn {
+/// The kernel oneDNN runs for a packed bf16 weight in this process, asked once: ""
+/// without the oneDNN backend or without any bf16 primitive on this instruction set.
+inline const std::string& packed_bf16_kernel() {
+  static const std::string kernel = []() -> std::string {
+    if (gemm_backend() != GemmBackend::onednn) return "";
+    try {
+      return packed_matmul(packed_weight_desc(64, 64, memory::data_type::bf16), 64, true).kernel;
+    } catch (const dnnl::error&) {
+      return "";
+    }
+  }();
+  return kernel;
+}
+}  // namespace detail::onednn
+#endif
+
 /// Whether bf16 operands are multiplied by bf16 kernels (true) or rounded to bf16 and
 /// multiplied by fp32 kernels (false); both give bf16 products with fp32 sums.
 inline bool bf16_operands_native() {
 #if defined(LDLM_HAVE_ONEDNN)
-  static const bool native = [] {
-    if (gemm_backend() != GemmBackend::onednn) return false;
-    namespace dd = detail::onednn;
-    try {
-      const auto desc = dd::packed_weight_desc(64, 64, dd::memory::data_type::bf16);
-      return dd::bf16_instructions(dd::packed_matmul(desc, 64, true).kernel);
-    } catch (const dnnl::error&) {
-      return false;  // no bf16 primitive at all on this instruction set
-    }
-  }();
-  return native;
+  return detail::onednn::bf16_instructions(detail::onednn::packed_bf16_kernel());
 #else
   return false;
 #endif
@@ -427,11 +429,8 @@ inline bool bf16_attention_amx() {
   static const bool amx = [] {
     // (Its softmax row needs AVX512_BF16, DQ and BW, which every AMX CPU has.)
     const CpuFeatures& cpu = cpu_features();
-    if (!bf16_operands_native() || !amx_bf16_usable() || !cpu.avx512_bf16 || !cpu.avx512dq || !cpu.avx512bw)
-      return false;
-    namespace dd = detail::onednn;
-    const auto desc = dd::packed_weight_desc(64, 64, dd::memory::data_type::bf16);
-    return dd::packed_matmul(desc, 64, true).kernel.find("amx") != std::string::npos;
+    return amx_bf16_usable() && cpu.avx512_bf16 && cpu.avx512dq && cpu.avx512bw &&
+           detail::onednn::packed_bf16_kernel().find("amx") != std::string::npos;
   }();
   return amx;
 #else
@@ -534,11 +533,7 @@ class PackedMatrix {
   /// Runs on the calling thread only.
   void multiply(const float* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
     if (M == 0 || n_ == 0) return;
-    float* const y_dense = reinterpret_cast<float*>(scratch) + M * k_;
-    float* out = ldy == n_ ? y : y_dense;
-    multiply_dense(operand(x, ldx, M, scratch), M, bias, out, Activation::none);
-    if (out != y)
-      for (Index r = 0; r < M; ++r) std::copy_n(out + r * n_, n_, y + r * ldy);
+    multiply_into(operand(x, ldx, M, scratch), M, bias, y, ldy, scratch);
   }
 
   /// Whether the product takes bf16 operands and can write them (the overloads below).
@@ -555,11 +550,7 @@ class PackedMatrix {
       for (Index r = 0; r < M; ++r) std::copy_n(x + r * ldx, k_, x_copy + r * k_);
       a = x_copy;
     }
-    float* const y_dense = reinterpret_cast<float*>(scratch) + M * k_;
-    float* out = ldy == n_ ? y : y_dense;
-    multiply_dense(a, M, bias, out, Activation::none);
-    if (out != y)
-      for (Index r = 0; r < M; ++r) std::copy_n(out + r * n_, n_, y + r * ldy);
+    multiply_into(a, M, bias, y, ldy, scratch);
   }
 
   /// y[M, N] = activation(x[M, K] · W (+ bias[N])) in bf16, dense: computed in fp32
@@ -615,6 +606,15 @@ class PackedMatrix {
         std::copy_n(x + r * ldx, k_, x_copy + r * k_);
     }
     return x_copy;
+  }
+
+  /// y[M, N] (row stride ldy) from the dense operand a: through scratch's second part
+  /// (after M · K floats, where `operand` puts a copy of x) when y is not dense.
+  void multiply_into(const void* a, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
+    float* const out = ldy == n_ ? y : reinterpret_cast<float*>(scratch) + M * k_;
+    multiply_dense(a, M, bias, out, Activation::none);
+    if (out != y)
+      for (Index r = 0; r < M; ++r) std::copy_n(out + r * n_, n_, y + r * ldy);
   }
 
   /// y: float, or bf16 when there is an activation (only on bf16 kernels).
