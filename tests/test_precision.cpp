@@ -313,6 +313,122 @@ TEST(Bf16Gemm, ActivatedProductsWriteEachActivationInBf16AndBf16InputsMultiplyAs
   EXPECT_TRUE(from_float == from_bf16) << "max |difference| " << (from_float - from_bf16).cwiseAbs().maxCoeff();
 }
 
+// A gated residual's product on bf16 kernels adds gate ⊙ (x · W + b) to the residual
+// where it writes (oneDNN's binary and sum post-ops). Against the unfused order, on
+// the same bf16 products: the two differ only in how the last multiply and add round
+// (an FMA or not), rtol 1e-6 of |residual| + |gate · product|. B = 3 sequences of
+// T = 30 rows on 2 threads, whose row split (45 + 45) cuts the middle sequence, so
+// each row must get its own sequence's gate row.
+TEST(Bf16Gemm, GatedAddsAddTheGatedProductOfEachSequenceToTheResidual) {
+  if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel: gated residuals add in a separate pass";
+  constexpr Index B = 3, T = 30, K = 96, N = 64;
+  const Matrix<float> w = Matrix<float>::Random(N, K), x = Matrix<float>::Random(B * T, K);
+  const Matrix<float> gate = Matrix<float>::Random(B, N), start = Matrix<float>::Random(B * T, N);
+  const std::vector<float> bias = [] {
+    std::vector<float> b(N);
+    for (Index j = 0; j < N; ++j) b[static_cast<std::size_t>(j)] = 0.01f * static_cast<float>(j) - 0.3f;
+    return b;
+  }();
+  const PackedMatrix packed = PackedMatrix::pack(w, WeightLayout::out_in, Precision::bf16);
+  Context ctx(2);
+  Matrix<float> product(B * T, N);
+  linear(ctx, x, packed, bias.data(), product);
+  Matrix<float> want = start;
+  for (Index r = 0; r < B * T; ++r) want.row(r) += gate.row(r / T).cwiseProduct(product.row(r));
+
+  auto check = [&](const Matrix<float>& got, const char* input) {
+    double worst = 0;
+    Index at = 0;
+    for (Index i = 0; i < got.size(); ++i) {
+      const Index r = i / N, j = i % N;
+      const double scale = std::abs(start(r, j)) + std::abs(gate(r / T, j) * product(r, j));
+      const double ratio = std::abs(double(got(r, j)) - want(r, j)) / (1e-6 * scale + 1e-7);
+      if (ratio > worst) worst = ratio, at = i;
+    }
+    EXPECT_LE(worst, 1.0) << input << ": worst at row " << at / N << ", column " << at % N << ", got "
+                          << got(at / N, at % N) << ", reference " << want(at / N, at % N);
+  };
+  Matrix<float> residual = start;
+  linear_gated_add(ctx, x, packed, bias.data(), GatedResidual<float>{residual, gate, T});
+  check(residual, "fp32 x");
+
+  std::vector<bf16> xb(static_cast<std::size_t>(B * T * K));
+  to_bf16(x.data(), x.size(), xb.data());
+  residual = start;
+  linear_gated_add(ctx, BF16Rows{xb.data(), B * T, K, K}, packed, bias.data(), GatedResidual<float>{residual, gate, T});
+  check(residual, "bf16 x");
+}
+
+TEST(Bf16Gemm, GatedAddsRejectAGateOrResidualThatDoesNotFit) {
+  if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel";
+  const PackedMatrix packed = PackedMatrix::pack(Matrix<float>::Zero(64, 32), WeightLayout::out_in, Precision::bf16);
+  Context ctx;
+  Matrix<float> x = Matrix<float>::Zero(6, 32), residual = Matrix<float>::Zero(6, 64),
+                wide = Matrix<float>::Zero(6, 80);
+  const Matrix<float> gate = Matrix<float>::Zero(2, 64), short_gate = Matrix<float>::Zero(2, 48);
+  using ldlm::test::error_of;
+  EXPECT_THAT(error_of<ShapeError>([&] {
+                linear_gated_add(ctx, x, packed, nullptr, GatedResidual<float>{residual, short_gate, 3});
+              }),
+              HasSubstr("with T = 3 needs a gate [2, 64], got [2, 48]"));
+  EXPECT_THAT(error_of<ShapeError>([&] {
+                linear_gated_add(ctx, x, packed, nullptr, GatedResidual<float>{residual, gate, 4});
+              }),
+              HasSubstr("with T = 4 needs a gate"));
+  EXPECT_THAT(error_of<ShapeError>([&] {
+                linear_gated_add(ctx, x, packed, nullptr, GatedResidual<float>{wide.leftCols(64), gate, 3});
+              }),
+              HasSubstr("needs dense residual rows (row stride 64), got row stride 80"));
+  EXPECT_THAT(error_of<ShapeError>([&] {
+                linear_gated_add(ctx, x.leftCols(16), packed, nullptr, GatedResidual<float>{residual, gate, 3});
+              }),
+              HasSubstr("linear: x [6, 16], weight [64, 32], y [6, 64] do not fit"));
+}
+
+// The denoiser block's two gated residuals go through the modules' GatedResidual
+// forms. In fp32 they must give the bits of the unfused order (the module's output,
+// then gated_residual_add); in bf16 the residual adds inside the last product, off
+// by the rounding of one multiply-add: rtol 1e-6 of |residual| + |gate · output|.
+template <class Module, class Forward>
+void expect_gated_form_matches_unfused(const char* name, Precision precision, const Module& module, Index B, Index T,
+                                       Forward&& forward) {
+  const Index d = 64;
+  const Matrix<float> x = Matrix<float>::Random(B * T, d), gate = Matrix<float>::Random(B, d);
+  const Matrix<float> start = Matrix<float>::Random(B * T, d);
+  Context ctx(2);
+  Matrix<float> output(B * T, d), want = start, got = start;
+  forward(ctx, module, x, output);
+  gated_residual_add<float>(ctx, want, gate, output, T);
+  forward(ctx, module, x, GatedResidual<float>{got, gate, T});
+  if (precision == Precision::fp32) {
+    EXPECT_TRUE(got == want) << name << " fp32: max |difference| " << (got - want).cwiseAbs().maxCoeff();
+    return;
+  }
+  const Eigen::ArrayXXf scale = start.array().abs() + (want - start).array().abs();
+  const Eigen::ArrayXXf ratio = (got - want).array().abs() / (1e-6f * scale + 1e-7f);
+  Index r = 0, c = 0;
+  EXPECT_LE(ratio.maxCoeff(&r, &c), 1.0f)
+      << name << " bf16: worst at [" << r << ", " << c << "], got " << got(r, c) << ", reference " << want(r, c);
+}
+
+TEST(Bf16Gemm, GatedResidualFormsOfTheDenoiserModulesMatchTheUnfusedOrder) {
+  Config config;
+  config.d_model = 64, config.n_heads = 2, config.head_dim = 32;
+  for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+    nn::FusedSelfAttention<float> attention(denoiser_attention_config(config));
+    init_parameters(attention, 3, "attn.", precision);
+    expect_gated_form_matches_unfused("FusedSelfAttention", precision, attention, 2, 24,
+                                      [](Context& ctx, const auto& m, const Matrix<float>& x, auto&& out) {
+                                        m.forward(ctx, x, 2, 24, nullptr, out);
+                                      });
+    nn::GeluMLP<float> mlp(config.d_model, 4 * config.d_model);
+    init_parameters(mlp, 4, "mlp.", precision);
+    expect_gated_form_matches_unfused(
+        "GeluMLP", precision, mlp, 2, 24,
+        [](Context& ctx, const auto& m, const Matrix<float>& x, auto&& out) { m.forward(ctx, x, out); });
+  }
+}
+
 // Attention's bf16 products (gemm_bf16) on fixed-shape primitives: alpha and beta are
 // baked into each primitive and part of its cache key, dense operands get oneDNN's
 // blocked (AMX) kernels and strided ones its GEMM inside the same primitive. Every

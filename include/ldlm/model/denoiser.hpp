@@ -53,18 +53,15 @@ class Denoiser {
       const Index rows = B * T, d = x.cols();
       MatrixMap<S> ada(ctx.arena().allocate<S>(B * 6 * d), B, 6 * d);  // [B, 6d]
       MatrixMap<S> y(ctx.arena().allocate<S>(rows * d), rows, d);      // [B*T, d]
-      MatrixMap<S> out(ctx.arena().allocate<S>(rows * d), rows, d);    // [B*T, d]
       adaLN_modulation.forward(ctx, c, ada);
       // Chunks 0-5: shift, scale, gate of the attention, then of the MLP.
       auto chunk = [&](int i) { return ada.middleCols(i * d, d); };
 
       norm1.forward_modulated(ctx, x, chunk(0), chunk(1), T, y);
-      attn.forward(ctx, y, B, T, &rotary, out);
-      gated_residual_add<S>(ctx, x, chunk(2), out, T);
+      attn.forward(ctx, y, B, T, &rotary, GatedResidual<S>{x, chunk(2), T});  // x += gate ⊙ attn(y)
 
       norm2.forward_modulated(ctx, x, chunk(3), chunk(4), T, y);
-      mlp.forward(ctx, y, out);
-      gated_residual_add<S>(ctx, x, chunk(5), out, T);
+      mlp.forward(ctx, y, GatedResidual<S>{x, chunk(5), T});
     }
   };
 

@@ -74,14 +74,17 @@ struct FusedSelfAttention {
   }
 
   /// x, y: [B*T, d]; y must not alias x. `rotary` may be null (built on the fly).
-  void forward(Context& ctx, ConstMatRef<S> x, Index B, Index T, const RotaryTable<S>* rotary, MatRef<S> y) const {
+  /// `y` is a MatRef<S> to write, or a GatedResidual<S> to add to: then attn_out's
+  /// product adds to the residual itself on bf16 kernels.
+  template <class Out>
+  void forward(Context& ctx, ConstMatRef<S> x, Index B, Index T, const RotaryTable<S>* rotary, Out&& y) const {
     Arena::Scope scope(ctx.arena());
     const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
     MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);            // [B*T, d]
     attn_qkv.forward(ctx, x, qkv);
     detail::attend_qkv<S>(ctx, config, attn_qkv.precision(), qkv, B, T, rotary, a);
-    attn_out.forward(ctx, a, y);
+    forward_gated_add<S>(ctx, attn_out, a, std::forward<Out>(y));
   }
 };
 

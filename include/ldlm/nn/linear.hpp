@@ -13,6 +13,7 @@
 #include "ldlm/core/parameter.hpp"
 #include "ldlm/core/precision.hpp"
 #include "ldlm/ops/linear.hpp"
+#include "ldlm/ops/modulate.hpp"
 
 namespace ldlm::nn {
 
@@ -63,6 +64,42 @@ void linear_forward(Context& ctx, ConstMatRef<S> x, const MatmulWeight<S>& w, co
       return linear(ctx, x, *packed, bias, y, std::forward<Epilogue>(epilogue));
   }
   linear<S>(ctx, x, w.matrix(), bias, y, w.layout(), std::forward<Epilogue>(epilogue));
+}
+
+/// out.residual += gate ⊙ (x · W (+ b)) on bf16 rows x, with a weight packed for bf16
+/// kernels: in one pass where the residual is dense (linear_gated_add).
+inline void gated_add_product(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias,
+                              const GatedResidual<float>& out) {
+  if (out.residual.outerStride() == out.residual.cols()) return linear_gated_add(ctx, x, w, bias, out);
+  Arena::Scope scope(ctx.arena());
+  MatrixMap<float> y(ctx.arena().allocate<float>(x.rows * w.out_features()), x.rows, w.out_features());
+  linear(ctx, x, w, bias, y);
+  gated_residual_add<float>(ctx, out.residual, out.gate, y, out.T);
+}
+/// y = x · W (+ b) on bf16 rows x (the overload the MLPs pick for a plain output).
+inline void gated_add_product(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, MatRef<float> y) {
+  linear(ctx, x, w, bias, y);
+}
+
+/// out.residual += gate ⊙ map(x) for a Linear or Conv1D map: in one pass on bf16
+/// kernels; otherwise the product into the arena, then gated_residual_add, which
+/// is the unfused block's arithmetic (fp32 results do not change).
+template <class S, class Map>
+void forward_gated_add(Context& ctx, const Map& map, ConstMatRef<S> x, const GatedResidual<S>& out) {
+  if constexpr (std::is_same_v<S, float>) {
+    const PackedMatrix* packed = map.weight.packed();
+    if (packed && packed->bf16_operands() && out.residual.outerStride() == out.residual.cols())
+      return linear_gated_add(ctx, x, *packed, map.bias_data(), out);
+  }
+  Arena::Scope scope(ctx.arena());
+  MatrixMap<S> y(ctx.arena().allocate<S>(x.rows() * map.out_features()), x.rows(), map.out_features());
+  map.forward(ctx, x, y);
+  gated_residual_add<S>(ctx, out.residual, out.gate, y, out.T);
+}
+/// map(x) into y (the overload modules pick for a plain output).
+template <class S, class Map>
+void forward_gated_add(Context& ctx, const Map& map, ConstMatRef<S> x, MatRef<S> y) {
+  map.forward(ctx, x, y);
 }
 
 template <class S = float>

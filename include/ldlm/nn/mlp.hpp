@@ -17,9 +17,10 @@ namespace detail {
 /// writes down's bf16 operand itself: one pass over the hidden rows where the
 /// unfused order makes three (write, activate, round for the next product). Either
 /// way the activation is computed in fp32 and rounded to bf16 once.
-template <class S, class Up, class Down>
+/// `y` is a MatRef<S> the result is written to, or a GatedResidual<S> it is added to.
+template <class S, class Up, class Down, class Out>
 void up_activate_down(Context& ctx, ConstMatRef<S> x, const Up& up, Activation activation, const Down& down,
-                      MatRef<S> y) {
+                      const Out& y) {
   Arena::Scope scope(ctx.arena());
   const Index rows = x.rows(), hidden = up.out_features();
   if constexpr (std::is_same_v<S, float>) {
@@ -27,13 +28,13 @@ void up_activate_down(Context& ctx, ConstMatRef<S> x, const Up& up, Activation a
     if (up_packed && down_packed && up_packed->bf16_operands() && down_packed->bf16_operands()) {
       bf16* h = ctx.arena().allocate<bf16>(static_cast<std::size_t>(rows * hidden));  // [rows, h]
       linear_activated(ctx, x, *up_packed, up.bias_data(), activation, h);
-      linear(ctx, BF16Rows{h, rows, hidden, hidden}, *down_packed, down.bias_data(), y);
+      gated_add_product(ctx, BF16Rows{h, rows, hidden, hidden}, *down_packed, down.bias_data(), y);
       return;
     }
   }
   MatrixMap<S> h(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
   up.forward(ctx, x, h, per_row_epilogue<S>(activation_inplace<S>(activation)));
-  down.forward(ctx, h, y);
+  forward_gated_add<S>(ctx, down, h, y);
 }
 }  // namespace detail
 
@@ -109,6 +110,11 @@ struct GeluMLP {
   /// y must not alias x.
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
     detail::up_activate_down<S>(ctx, x, fc1, Activation::gelu_tanh, fc2, y);
+  }
+  /// out.residual += gate ⊙ mlp(x), fused into fc2's product on bf16 kernels. x must
+  /// not alias the residual.
+  void forward(Context& ctx, ConstMatRef<S> x, const GatedResidual<S>& out) const {
+    detail::up_activate_down<S>(ctx, x, fc1, Activation::gelu_tanh, fc2, out);
   }
 };
 

@@ -246,10 +246,17 @@ Matmul& cached_matmul(MatmulCache<Key>& cache, const Key& key, Describe&& descri
 
 /// The attributes every product shares: the user scratchpad (see Matmul) and its
 /// post-ops: for beta != 0, C accumulated as beta · C; then the activation, if any.
-inline dnnl::primitive_attr product_attr(float beta, Activation activation = Activation::none) {
+/// With gate_columns > 0, C += gate ⊙ (A · B (+ bias)) instead: the product times a
+/// [1, gate_columns] row (the post-op's first operand), then the old C added.
+inline dnnl::primitive_attr product_attr(float beta, Activation activation = Activation::none, Index gate_columns = 0) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::post_ops ops;
+  if (gate_columns > 0) {
+    ops.append_binary(dnnl::algorithm::binary_mul,
+                      memory::desc({1, gate_columns}, memory::data_type::f32, Dims{gate_columns, 1}));
+    ops.append_sum(1.0f);
+  }
   if (beta != 0.0f) ops.append_sum(beta);
   if (activation != Activation::none)
     ops.append_eltwise(
@@ -335,19 +342,20 @@ inline memory::desc packed_weight_desc(Index N, Index K, memory::data_type type)
 /// y[M, N] = x[M, K] · W (+ bias) on a packed weight; x and y dense.
 /// With an activation, the product writes activation(x · W + b) in bf16: the operand
 /// of the next bf16 product, computed in fp32 and rounded once (oneDNN's eltwise
-/// post-op), as ldlm computes it unfused.
-inline Matmul& packed_matmul(const memory::desc& weights, Index M, bool bias,
-                             Activation activation = Activation::none) {
+/// post-op), as ldlm computes it unfused. Gated, it adds gate ⊙ (x · W + b) to y
+/// (product_attr).
+inline Matmul& packed_matmul(const memory::desc& weights, Index M, bool bias, Activation activation = Activation::none,
+                             bool gated = false) {
   // Rows and bias first: they tell most entries apart before the descriptors are compared.
-  thread_local MatmulCache<std::tuple<Index, bool, Activation, memory::desc>> cache;
-  return cached_matmul(cache, std::tuple(M, bias, activation, weights), [&] {
+  thread_local MatmulCache<std::tuple<Index, bool, Activation, bool, memory::desc>> cache;
+  return cached_matmul(cache, std::tuple(M, bias, activation, gated, weights), [&] {
     const Dims dims = weights.dims();  // [K, N]
     const memory::desc a({M, dims[0]}, weights.data_type(), memory::format_tag::ab);
     const auto out_type = activation == Activation::none ? memory::data_type::f32 : memory::data_type::bf16;
     const memory::desc c({M, dims[1]}, out_type, memory::format_tag::ab);
     const memory::desc b({1, dims[1]}, memory::data_type::f32, memory::format_tag::ab);
     return dnnl::matmul::primitive_desc(bias ? dnnl::matmul::desc(a, weights, b, c) : dnnl::matmul::desc(a, weights, c),
-                                        product_attr(0.0f, activation), engine());
+                                        product_attr(0.0f, activation, gated ? dims[1] : 0), engine());
   });
 }
 
@@ -544,13 +552,7 @@ class PackedMatrix {
   void multiply(const bf16* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
     if (M == 0 || n_ == 0) return;
     require_bf16_operands("a bf16 input");
-    const bf16* a = x;
-    if (ldx != k_) {
-      bf16* const x_copy = reinterpret_cast<bf16*>(scratch);
-      for (Index r = 0; r < M; ++r) std::copy_n(x + r * ldx, k_, x_copy + r * k_);
-      a = x_copy;
-    }
-    multiply_into(a, M, bias, y, ldy, scratch);
+    multiply_into(dense_bf16(x, ldx, M, scratch), M, bias, y, ldy, scratch);
   }
 
   /// y[M, N] = activation(x[M, K] · W (+ bias[N])) in bf16, dense: computed in fp32
@@ -562,6 +564,24 @@ class PackedMatrix {
     if (activation == Activation::none)
       throw InvalidArgument("PackedMatrix::multiply_activated: needs an activation, got none");
     multiply_dense(operand(x, ldx, M, scratch), M, bias, y, activation);
+  }
+
+  /// residual[M, N] += gate[N] ⊙ (x[M, K] · W (+ bias[N])) in one pass: the product
+  /// scales its fp32 result by the gate and adds it where it writes (a gated residual
+  /// without the product's own output). residual is dense and must not overlap x.
+  /// Needs bf16_operands().
+  void multiply_gated_add(const float* x, Index ldx, Index M, const float* bias, const float* gate, float* residual,
+                          std::byte* scratch) const {
+    if (M == 0 || n_ == 0) return;
+    require_bf16_operands("a gated residual");
+    multiply_dense(operand(x, ldx, M, scratch), M, bias, residual, Activation::none, gate);
+  }
+  /// The same on x already in bf16 (row stride ldx).
+  void multiply_gated_add(const bf16* x, Index ldx, Index M, const float* bias, const float* gate, float* residual,
+                          std::byte* scratch) const {
+    if (M == 0 || n_ == 0) return;
+    require_bf16_operands("a gated residual");
+    multiply_dense(dense_bf16(x, ldx, M, scratch), M, bias, residual, Activation::none, gate);
   }
 
  private:
@@ -608,6 +628,14 @@ class PackedMatrix {
     return x_copy;
   }
 
+  /// x's rows (stride ldx) as one dense block: x itself, or a copy in scratch.
+  const bf16* dense_bf16(const bf16* x, Index ldx, Index M, std::byte* scratch) const {
+    if (ldx == k_) return x;
+    bf16* const x_copy = reinterpret_cast<bf16*>(scratch);
+    for (Index r = 0; r < M; ++r) std::copy_n(x + r * ldx, k_, x_copy + r * k_);
+    return x_copy;
+  }
+
   /// y[M, N] (row stride ldy) from the dense operand a: through scratch's second part
   /// (after M · K floats, where `operand` puts a copy of x) when y is not dense.
   void multiply_into(const void* a, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
@@ -617,18 +645,22 @@ class PackedMatrix {
       for (Index r = 0; r < M; ++r) std::copy_n(out + r * n_, n_, y + r * ldy);
   }
 
-  /// y: float, or bf16 when there is an activation (only on bf16 kernels).
-  void multiply_dense(const void* a, Index M, const float* bias, void* y, Activation activation) const {
+  /// y: float, or bf16 when there is an activation (only on bf16 kernels). With a
+  /// gate (only on bf16 kernels), y += gate ⊙ product.
+  void multiply_dense(const void* a, Index M, const float* bias, void* y, Activation activation,
+                      const float* gate = nullptr) const {
 #if defined(LDLM_HAVE_ONEDNN)
     if (!plain_) {
       namespace dd = detail::onednn;
-      dd::Matmul& mm = dd::packed_matmul(desc_, M, bias != nullptr, activation);
+      dd::Matmul& mm = dd::packed_matmul(desc_, M, bias != nullptr, activation, gate != nullptr);
       dd::ProductArgs args;
       args.add(DNNL_ARG_SRC, desc_.data_type(), M, k_, k_, 1, a);
       args.add_packed(DNNL_ARG_WEIGHTS, desc_, storage_.data());
       args.add(DNNL_ARG_DST, activation == Activation::none ? dd::memory::data_type::f32 : dd::memory::data_type::bf16,
                M, n_, n_, 1, y);
       if (bias) args.add(DNNL_ARG_BIAS, dd::memory::data_type::f32, 1, n_, n_, 1, bias);
+      if (gate)
+        args.add(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, dd::memory::data_type::f32, 1, n_, n_, 1, gate);
       args.execute(mm);
       return;
     }

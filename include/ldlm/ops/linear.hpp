@@ -101,6 +101,64 @@ inline void linear(Context& ctx, BF16Rows x, const PackedMatrix& w, const float*
   });
 }
 
+/// Where a product's result goes in a gated residual block: residual[r] +=
+/// gate[r / T] ⊙ result[r], for rows r = (b, t) of B sequences of T. residual is
+/// [B*T, N] and gate [B, N].
+template <class S>
+struct GatedResidual {
+  MatRef<S> residual;
+  ConstMatRef<S> gate;
+  Index T;
+};
+
+namespace detail {
+inline void check_gated_residual(Index x_rows, Index x_cols, const PackedMatrix& w, const GatedResidual<float>& out) {
+  check_packed_shapes(x_rows, x_cols, w, out.residual.rows(), out.residual.cols());
+  if (out.T <= 0 || x_rows % out.T != 0 || out.gate.rows() != x_rows / out.T || out.gate.cols() != w.out_features())
+    throw ShapeError("linear: a gated residual of " + shape_string(Shape{x_rows, w.out_features()}) +
+                     " with T = " + std::to_string(out.T) + " needs a gate " +
+                     shape_string(Shape{out.T > 0 ? x_rows / out.T : 0, w.out_features()}) + ", got " +
+                     shape_string(Shape{out.gate.rows(), out.gate.cols()}));
+  if (out.residual.outerStride() != out.residual.cols() || out.gate.innerStride() != 1)
+    throw ShapeError("linear: a gated residual needs dense residual rows (row stride " +
+                     std::to_string(out.residual.cols()) + "), got row stride " +
+                     std::to_string(out.residual.outerStride()));
+}
+
+/// product(r0, rows, gate_row, scratch) over the rows of split_packed_rows, cut
+/// where a sequence ends so that each call has one gate row.
+template <class Product>
+void split_gated_rows(Context& ctx, const GatedResidual<float>& out, const PackedMatrix& w, Product&& product) {
+  split_packed_rows(ctx, out.residual.rows(), w, [&](Index r0, Index rows, std::byte* scratch) {
+    for (Index r = r0; r < r0 + rows;) {
+      const Index b = r / out.T, end = std::min(r0 + rows, (b + 1) * out.T);
+      product(r, end - r, out.gate.row(b).data(), scratch);
+      r = end;
+    }
+  });
+}
+}  // namespace detail
+
+/// out.residual += gate ⊙ (x · W (+ bias)) with a weight packed for bf16 kernels,
+/// in one pass over the residual (PackedMatrix::multiply_gated_add). x must not
+/// alias the residual.
+inline void linear_gated_add(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias,
+                             GatedResidual<float> out) {
+  detail::check_gated_residual(x.rows(), x.cols(), w, out);
+  detail::split_gated_rows(ctx, out, w, [&](Index r0, Index rows, const float* gate, std::byte* scratch) {
+    w.multiply_gated_add(x.row(r0).data(), x.outerStride(), rows, bias, gate, out.residual.row(r0).data(), scratch);
+  });
+}
+
+/// The same on bf16 rows x (from linear_activated).
+inline void linear_gated_add(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias,
+                             GatedResidual<float> out) {
+  detail::check_gated_residual(x.rows, x.cols, w, out);
+  detail::split_gated_rows(ctx, out, w, [&](Index r0, Index rows, const float* gate, std::byte* scratch) {
+    w.multiply_gated_add(x.data + r0 * x.stride, x.stride, rows, bias, gate, out.residual.row(r0).data(), scratch);
+  });
+}
+
 /// y[M, N] = activation(x[M, K] · W (+ bias[N])) as dense bf16 rows: the operand of
 /// the next product, written by this one (PackedMatrix::multiply_activated).
 inline void linear_activated(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias,
