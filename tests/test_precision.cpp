@@ -313,6 +313,37 @@ TEST(Bf16Gemm, ActivatedProductsWriteEachActivationInBf16AndBf16InputsMultiplyAs
   EXPECT_TRUE(from_float == from_bf16) << "max |difference| " << (from_float - from_bf16).cwiseAbs().maxCoeff();
 }
 
+// Products of few rows (adaLN's one per sequence) are split over threads by blocks of
+// output columns where the packed layout allows it. Against the same product on one
+// thread, at the products' rounding (rtol 1e-5, atol 1e-6): K = 80, which the layout
+// pads to 96, so a block found at n0 · K instead of n0 · 96 shows; N = 337 ends in a
+// partial block; M = 3 goes through scratch, M = 1 does not; a bias shifted by a block shows.
+TEST(Bf16Gemm, FewRowsSplitByColumnBlocksMatchOneThread) {
+  if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel";
+  constexpr Index K = 80, N = 337;
+  const PackedMatrix packed = PackedMatrix::pack(Matrix<float>::Random(N, K), WeightLayout::out_in, Precision::bf16);
+  if (packed.column_block() == 0) GTEST_SKIP() << packed.kernel() << " packs no column blocks";
+  std::vector<float> bias(N);
+  for (Index j = 0; j < N; ++j) bias[static_cast<std::size_t>(j)] = 0.5f * static_cast<float>(j % 7);
+  for (const Index M : {1, 3, 20}) {
+    const Matrix<float> x = Matrix<float>::Random(M, K);
+    Matrix<float> one(M, N), split(M, N);
+    Context serial(1), two(2);
+    linear(serial, x, packed, bias.data(), one);
+    linear(two, x, packed, bias.data(), split);
+    const Eigen::ArrayXXf ratio = (split - one).array().abs() / (1e-6f + 1e-5f * one.array().abs());
+    Index r = 0, c = 0;
+    EXPECT_LE(ratio.maxCoeff(&r, &c), 1.0f)
+        << "M = " << M << ": worst at [" << r << ", " << c << "], got " << split(r, c) << ", one thread " << one(r, c);
+  }
+  std::vector<std::byte> scratch(packed.scratch_bytes(1) + 64);
+  Matrix<float> y(1, N);
+  const Matrix<float> x = Matrix<float>::Zero(1, K);
+  EXPECT_THAT(ldlm::test::error_of<InvalidArgument>(
+                  [&] { packed.multiply_columns(x.data(), K, 1, nullptr, 32, 64, y.data(), N, scratch.data()); }),
+              HasSubstr("columns [32, 96) of 337 are not whole blocks of 64"));
+}
+
 // A gated residual's product on bf16 kernels adds gate ⊙ (x · W + b) to the residual
 // where it writes (oneDNN's binary and sum post-ops). Against the unfused order, on
 // the same bf16 products: the two differ only in how the last multiply and add round

@@ -177,9 +177,11 @@ class ProductArgs {
     });
   }
   /// A packed weight [K, N]: its layout follows from (type, K, N) (packed_weight_desc).
-  void add_packed(int arg, const memory::desc& desc, const void* data) {
+  /// A block of a packed weight's columns (PackedMatrix::column_block) has the
+  /// block's own (type, K, columns) and is told apart from whole weights of that shape.
+  void add_packed(int arg, const memory::desc& desc, const void* data, bool column_block = false) {
     const Dims dims = desc.dims();
-    bind({arg, static_cast<int>(desc.data_type()), dims[0], dims[1], 0, 0, /*packed=*/true}, data,
+    bind({arg, static_cast<int>(desc.data_type()), dims[0], dims[1], 0, column_block, /*packed=*/true}, data,
          [&] { return desc; });
   }
   void add_scalar(int arg, const float* value) {
@@ -509,6 +511,9 @@ class PackedMatrix {
       dnnl::reorder(plain, packed).execute(dd::stream(), plain, packed);
       dd::stream().wait();
       p.kernel_ = dd::packed_matmul(p.desc_, 1024, true).kernel;
+      if (p.bf16_operands_ &&
+          p.desc_ == dd::memory::desc({p.k_, p.n_}, dd::memory::data_type::bf16, dd::memory::format_tag::BA16a64b2a))
+        p.column_block_ = 64;
       return p;
     }
 #endif
@@ -542,6 +547,42 @@ class PackedMatrix {
   void multiply(const float* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
     if (M == 0 || n_ == 0) return;
     multiply_into(operand(x, ldx, M, scratch), M, bias, y, ldy, scratch);
+  }
+
+  /// Where a product may be cut into blocks of output columns (multiply_columns), or
+  /// 0: each block of this many columns of the packed weight is one contiguous
+  /// [K, block] weight of the same layout (oneDNN's BA16a64b2a for bf16 kernels).
+  Index column_block() const { return column_block_; }
+
+  /// y[M, n0 : n0 + cols] = x[M, K] · W[:, n0 : n0 + cols] (+ bias[n0 : n0 + cols]),
+  /// y's rows ldy apart: one block of columns of the product, so that threads can
+  /// share a product of few rows. n0 is a multiple of column_block(), and so is cols
+  /// unless the block ends at N. Same requirements on x, y and scratch as multiply.
+  void multiply_columns(const float* x, Index ldx, Index M, const float* bias, Index n0, Index cols, float* y,
+                        Index ldy, std::byte* scratch) const {
+    if (M == 0 || cols == 0) return;
+    if (column_block_ == 0 || n0 % column_block_ != 0 || cols < 0 || n0 + cols > n_ ||
+        (cols % column_block_ != 0 && n0 + cols != n_))
+      throw InvalidArgument("PackedMatrix::multiply_columns: columns [" + std::to_string(n0) + ", " +
+                            std::to_string(n0 + cols) + ") of " + std::to_string(n_) + " are not whole blocks of " +
+                            std::to_string(column_block_));
+#if defined(LDLM_HAVE_ONEDNN)
+    namespace dd = detail::onednn;
+    const dd::memory::desc block({k_, cols}, dd::memory::data_type::bf16, dd::memory::format_tag::BA16a64b2a);
+    const Index padded_k = desc_.data.padded_dims[0];
+    dd::Matmul& mm = dd::packed_matmul(block, M, bias != nullptr);
+    // oneDNN's blocked kernels want dense rows (strided ones got its reference
+    // implementation, 100x slower): a single row is, others go through scratch.
+    float* const out = M == 1 ? y + n0 : reinterpret_cast<float*>(scratch) + M * k_;
+    dd::ProductArgs args;
+    args.add(DNNL_ARG_SRC, dd::memory::data_type::bf16, M, k_, k_, 1, operand(x, ldx, M, scratch));
+    args.add_packed(DNNL_ARG_WEIGHTS, block, storage_.data() + n0 * padded_k * sizeof(bf16), /*column_block=*/true);
+    args.add(DNNL_ARG_DST, dd::memory::data_type::f32, M, cols, cols, 1, out);
+    if (bias) args.add(DNNL_ARG_BIAS, dd::memory::data_type::f32, 1, cols, cols, 1, bias + n0);
+    args.execute(mm);
+    if (out != y + n0)
+      for (Index r = 0; r < M; ++r) std::copy_n(out + r * cols, cols, y + r * ldy + n0);
+#endif
   }
 
   /// Whether the product takes bf16 operands and can write them (the overloads below).
@@ -677,6 +718,7 @@ class PackedMatrix {
   Shape weight_shape_;
   Index n_ = 0, k_ = 0;
   bool bf16_operands_ = false;
+  Index column_block_ = 0;
   std::string kernel_;
   std::shared_ptr<const Matrix<float>> plain_;  // [K, N]: the eigen backend
   Storage storage_;                             // oneDNN's layout

@@ -2,7 +2,8 @@
 // [rows, features] matrix; a weight is either nn.Linear's [out, in] or GPT-2's
 // Conv1D [in, out], plain or packed (ops/gemm.hpp). Work is split over the
 // context's threads by rows (plain weights with few rows: by output features);
-// each product runs on one thread.
+// each product runs on one thread. Products of few rows are split by output columns
+// instead: plain weights always, packed ones where their layout allows it (bf16).
 #pragma once
 
 #include <algorithm>
@@ -86,6 +87,20 @@ template <class Epilogue = std::nullptr_t>
 void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
             Epilogue&& epilogue = nullptr) {
   detail::check_packed_shapes(x.rows(), x.cols(), w, y.rows(), y.cols());
+  // Too few rows for every thread (adaLN's one row per sequence): blocks of columns.
+  const Index M = x.rows(), N = w.out_features(), block = w.column_block();
+  if (M > 0 && M / 16 < ctx.threads() && ctx.threads() > 1 && block > 0 && N >= 2 * block) {
+    const Index blocks = (N + block - 1) / block, parts = std::min<Index>(ctx.threads(), blocks);
+    ctx.pool().parallel_for(parts, [&](Index part, int worker) {
+      const Index n0 = part * blocks / parts * block, n1 = std::min(N, (part + 1) * blocks / parts * block);
+      Arena& arena = ctx.worker_arena(worker);
+      Arena::Scope scope(arena);
+      w.multiply_columns(x.data(), x.outerStride(), M, bias, n0, n1 - n0, y.data(), y.outerStride(),
+                         arena.allocate<std::byte>(w.scratch_bytes(M)));
+      if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(y.middleCols(n0, n1 - n0));
+    });
+    return;
+  }
   detail::split_packed_rows(ctx, x.rows(), w, [&](Index r0, Index rows, std::byte* scratch) {
     w.multiply(x.row(r0).data(), x.outerStride(), rows, bias, y.row(r0).data(), y.outerStride(), scratch);
     if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(y.middleRows(r0, rows));
