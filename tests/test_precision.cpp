@@ -460,6 +460,53 @@ TEST(Bf16Gemm, GatedResidualFormsOfTheDenoiserModulesMatchTheUnfusedOrder) {
   }
 }
 
+// On bf16 kernels the denoiser block norms straight into bf16 rows, the operand its
+// products would round from float32 rows themselves: the rows, and every module's
+// result from them, must be the same bits as from the float32 rows.
+TEST(Bf16Gemm, Bf16NormedRowsGiveTheBitsOfTheFloatRowsTheyRound) {
+  Config config;
+  config.d_model = 64, config.n_heads = 2, config.head_dim = 32;
+  constexpr Index B = 2, T = 40, d = 64;
+  const Matrix<float> x = Matrix<float>::Random(B * T, d) * 3.0f, shift = Matrix<float>::Random(B, d),
+                      scale = Matrix<float>::Random(B, d), gate = Matrix<float>::Random(B, d);
+  nn::LayerNormGain<float> norm(d, 1e-5);
+  init_parameters(norm, 5, "norm.", Precision::bf16);
+  Context ctx(2);
+  Matrix<float> normed(B * T, d);
+  norm.forward_modulated(ctx, x, shift, scale, T, normed);
+  std::vector<bf16> rows(static_cast<std::size_t>(B * T * d)), rounded(rows.size());
+  norm.forward_modulated(ctx, x, shift, scale, T, rows.data());
+  to_bf16(normed.data(), normed.size(), rounded.data());
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    ASSERT_EQ(bf16_to_float(rows[i]), bf16_to_float(rounded[i])) << "element " << i;
+  if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel: the block norms into float32 rows";
+
+  const BF16Rows input{rows.data(), B * T, d, d};
+  const Matrix<float> start = Matrix<float>::Random(B * T, d);
+  nn::FusedSelfAttention<float> attention(denoiser_attention_config(config));
+  init_parameters(attention, 3, "attn.", Precision::bf16);
+  nn::GeluMLP<float> mlp(d, 4 * d);
+  init_parameters(mlp, 4, "mlp.", Precision::bf16);
+  ASSERT_TRUE(attention.takes_bf16_rows() && mlp.takes_bf16_rows());
+  Matrix<float> from_float = start, from_bf16 = start;
+  attention.forward(ctx, normed, B, T, nullptr, GatedResidual<float>{from_float, gate, T});
+  attention.forward(ctx, input, B, T, nullptr, GatedResidual<float>{from_bf16, gate, T});
+  EXPECT_TRUE(from_float == from_bf16) << "attention: max |difference| "
+                                       << (from_float - from_bf16).cwiseAbs().maxCoeff();
+  mlp.forward(ctx, normed, GatedResidual<float>{from_float, gate, T});
+  mlp.forward(ctx, input, GatedResidual<float>{from_bf16, gate, T});
+  EXPECT_TRUE(from_float == from_bf16) << "MLP: max |difference| " << (from_float - from_bf16).cwiseAbs().maxCoeff();
+
+  // bf16 rows only feed bf16 kernels.
+  nn::GeluMLP<float> fp32_mlp(d, 4 * d);
+  init_parameters(fp32_mlp, 4, "mlp.", Precision::fp32);
+  EXPECT_FALSE(fp32_mlp.takes_bf16_rows());
+  EXPECT_THAT(ldlm::test::error_of<InvalidArgument>([&] {
+                fp32_mlp.forward(ctx, input, GatedResidual<float>{from_bf16, gate, T});
+              }),
+              HasSubstr("MLP: bf16 rows need a weight packed for bf16 kernels; this one is fp32 on"));
+}
+
 // Attention's bf16 products (gemm_bf16) on fixed-shape primitives: alpha and beta are
 // baked into each primitive and part of its cache key, dense operands get oneDNN's
 // blocked (AMX) kernels and strided ones its GEMM inside the same primitive. Every

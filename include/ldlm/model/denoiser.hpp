@@ -52,16 +52,24 @@ class Denoiser {
       Arena::Scope scope(ctx.arena());
       const Index rows = B * T, d = x.cols();
       MatrixMap<S> ada(ctx.arena().allocate<S>(B * 6 * d), B, 6 * d);  // [B, 6d]
-      MatrixMap<S> y(ctx.arena().allocate<S>(rows * d), rows, d);      // [B*T, d]
       adaLN_modulation.forward(ctx, c, ada);
       // Chunks 0-5: shift, scale, gate of the attention, then of the MLP.
       auto chunk = [&](int i) { return ada.middleCols(i * d, d); };
-
-      norm1.forward_modulated(ctx, x, chunk(0), chunk(1), T, y);
-      attn.forward(ctx, y, B, T, &rotary, GatedResidual<S>{x, chunk(2), T});  // x += gate ⊙ attn(y)
-
-      norm2.forward_modulated(ctx, x, chunk(3), chunk(4), T, y);
-      mlp.forward(ctx, y, GatedResidual<S>{x, chunk(5), T});
+      // The normed rows y go to the sublayers' first products, as `input`.
+      auto sublayers = [&](auto y, auto input) {
+        norm1.forward_modulated(ctx, x, chunk(0), chunk(1), T, y);
+        attn.forward(ctx, input, B, T, &rotary, GatedResidual<S>{x, chunk(2), T});  // x += gate ⊙ attn(y)
+        norm2.forward_modulated(ctx, x, chunk(3), chunk(4), T, y);
+        mlp.forward(ctx, input, GatedResidual<S>{x, chunk(5), T});
+      };
+      if constexpr (std::is_same_v<S, float>) {
+        if (attn.takes_bf16_rows() && mlp.takes_bf16_rows()) {  // bf16 kernels: y in bf16, as they read it
+          bf16* const y = ctx.arena().allocate<bf16>(static_cast<std::size_t>(rows * d));  // [B*T, d]
+          return sublayers(y, BF16Rows{y, rows, d, d});
+        }
+      }
+      MatrixMap<S> y(ctx.arena().allocate<S>(rows * d), rows, d);  // [B*T, d]
+      sublayers(y, y);
     }
   };
 

@@ -76,8 +76,9 @@ struct FusedSelfAttention {
   /// x, y: [B*T, d]; y must not alias x. `rotary` may be null (built on the fly).
   /// `y` is a MatRef<S> to write, or a GatedResidual<S> to add to: then attn_out's
   /// product adds to the residual itself on bf16 kernels.
-  template <class Out>
-  void forward(Context& ctx, ConstMatRef<S> x, Index B, Index T, const RotaryTable<S>* rotary, Out&& y) const {
+  /// x is float32 rows, or bf16 rows when takes_bf16_rows().
+  template <class Input, class Out>
+  void forward(Context& ctx, const Input& x, Index B, Index T, const RotaryTable<S>* rotary, Out&& y) const {
     Arena::Scope scope(ctx.arena());
     const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
@@ -86,6 +87,7 @@ struct FusedSelfAttention {
     detail::attend_qkv<S>(ctx, config, attn_qkv.precision(), qkv, B, T, rotary, a);
     forward_gated_add<S>(ctx, attn_out, a, std::forward<Out>(y));
   }
+  bool takes_bf16_rows() const { return attn_qkv.bf16_operands(); }
 };
 
 /// The token decoder's self-attention: separate bias-free q/k/v/o projections.

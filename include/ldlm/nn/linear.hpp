@@ -66,6 +66,16 @@ void linear_forward(Context& ctx, ConstMatRef<S> x, const MatmulWeight<S>& w, co
   linear<S>(ctx, x, w.matrix(), bias, y, w.layout(), std::forward<Epilogue>(epilogue));
 }
 
+/// w's packing, which must be for bf16 kernels: bf16 rows exist only to feed them.
+template <class S>
+const PackedMatrix& packed_for_bf16_rows(const MatmulWeight<S>& w, const char* module) {
+  if (!w.packed() || !w.packed()->bf16_operands())
+    throw InvalidArgument(std::string(module) + ": bf16 rows need a weight packed for bf16 kernels; this one is " +
+                          std::string(precision_name(w.precision())) +
+                          (w.packed() ? " on " + w.packed()->kernel() : std::string(" and not packed")));
+  return *w.packed();
+}
+
 /// out.residual += gate ⊙ (x · W (+ b)) on bf16 rows x, with a weight packed for bf16
 /// kernels: in one pass where the residual is dense (linear_gated_add).
 inline void gated_add_product(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias,
@@ -130,6 +140,12 @@ struct Linear {
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
     linear_forward<S>(ctx, x, weight, bias_data(), y, std::forward<Epilogue>(epilogue));
   }
+  /// The same on bf16 rows x, for a weight packed for bf16 kernels (bf16_operands()).
+  void forward(Context& ctx, BF16Rows x, MatRef<S> y) const {
+    linear(ctx, x, packed_for_bf16_rows(weight, "Linear"), bias_data(), y);
+  }
+  /// Whether the products take bf16 operands (and bf16 rows).
+  bool bf16_operands() const { return weight.packed() && weight.packed()->bf16_operands(); }
 };
 
 /// Hugging Face GPT-2 Conv1D: weight stored [in, out], y = x W + b.
@@ -156,6 +172,7 @@ struct Conv1D {
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
     linear_forward<S>(ctx, x, weight, bias_data(), y, std::forward<Epilogue>(epilogue));
   }
+  bool bf16_operands() const { return weight.packed() && weight.packed()->bf16_operands(); }
 };
 
 }  // namespace ldlm::nn

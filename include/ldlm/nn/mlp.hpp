@@ -12,6 +12,19 @@
 namespace ldlm::nn {
 
 namespace detail {
+/// up_activate_down on bf16 kernels, on `rows` float32 or bf16 rows x.
+template <class Input, class Up, class Down, class Out>
+void up_activate_down_bf16(Context& ctx, const Input& x, Index rows, const Up& up, Activation activation,
+                           const Down& down, const Out& y) {
+  Arena::Scope scope(ctx.arena());
+  const PackedMatrix& up_packed = packed_for_bf16_rows(up.weight, "MLP");
+  const PackedMatrix& down_packed = packed_for_bf16_rows(down.weight, "MLP");
+  const Index hidden = up_packed.out_features();
+  bf16* h = ctx.arena().allocate<bf16>(static_cast<std::size_t>(rows * hidden));  // [rows, h]
+  linear_activated(ctx, x, up_packed, up.bias_data(), activation, h);
+  gated_add_product(ctx, BF16Rows{h, rows, hidden, hidden}, down_packed, down.bias_data(), y);
+}
+
 /// y = down(activation(up(x))) for Linear or Conv1D maps, the hidden activations in
 /// the context's arena. On bf16 kernels up's product applies the activation and
 /// writes down's bf16 operand itself: one pass over the hidden rows where the
@@ -21,17 +34,11 @@ namespace detail {
 template <class S, class Up, class Down, class Out>
 void up_activate_down(Context& ctx, ConstMatRef<S> x, const Up& up, Activation activation, const Down& down,
                       const Out& y) {
+  if constexpr (std::is_same_v<S, float>)
+    if (up.bf16_operands() && down.bf16_operands())
+      return up_activate_down_bf16(ctx, x, x.rows(), up, activation, down, y);
   Arena::Scope scope(ctx.arena());
   const Index rows = x.rows(), hidden = up.out_features();
-  if constexpr (std::is_same_v<S, float>) {
-    const PackedMatrix *up_packed = up.weight.packed(), *down_packed = down.weight.packed();
-    if (up_packed && down_packed && up_packed->bf16_operands() && down_packed->bf16_operands()) {
-      bf16* h = ctx.arena().allocate<bf16>(static_cast<std::size_t>(rows * hidden));  // [rows, h]
-      linear_activated(ctx, x, *up_packed, up.bias_data(), activation, h);
-      gated_add_product(ctx, BF16Rows{h, rows, hidden, hidden}, *down_packed, down.bias_data(), y);
-      return;
-    }
-  }
   MatrixMap<S> h(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
   up.forward(ctx, x, h, per_row_epilogue<S>(activation_inplace<S>(activation)));
   forward_gated_add<S>(ctx, down, h, y);
@@ -116,6 +123,11 @@ struct GeluMLP {
   void forward(Context& ctx, ConstMatRef<S> x, const GatedResidual<S>& out) const {
     detail::up_activate_down<S>(ctx, x, fc1, Activation::gelu_tanh, fc2, out);
   }
+  /// The same on bf16 rows x, when takes_bf16_rows().
+  void forward(Context& ctx, BF16Rows x, const GatedResidual<S>& out) const {
+    detail::up_activate_down_bf16(ctx, x, x.rows, fc1, Activation::gelu_tanh, fc2, out);
+  }
+  bool takes_bf16_rows() const { return fc1.bf16_operands() && fc2.bf16_operands(); }
 };
 
 /// GPT-2 MLP: Conv1D c_fc → GELU(tanh) → Conv1D c_proj.

@@ -28,6 +28,11 @@ struct LayerNormGain {
                          MatRef<S> y) const {
     layer_norm_modulate<S>(ctx, x, weight.data(), eps, shift, scale, T, y);
   }
+  /// The same rounded to bf16 into y, dense [rows, n]: a bf16 product's operand.
+  void forward_modulated(Context& ctx, ConstMatRef<float> x, ConstMatRef<float> shift, ConstMatRef<float> scale,
+                         Index T, bf16* y) const {
+    layer_norm_modulate(ctx, x, weight.data(), eps, shift, scale, T, y);
+  }
 };
 
 /// torch.nn.LayerNorm (weight and bias).

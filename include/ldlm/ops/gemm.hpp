@@ -597,14 +597,17 @@ class PackedMatrix {
   }
 
   /// y[M, N] = activation(x[M, K] · W (+ bias[N])) in bf16, dense: computed in fp32
-  /// and rounded once, the next product's operand. Needs bf16_operands().
+  /// and rounded once, the next product's operand. Needs bf16_operands(). x is
+  /// float32 rows, or bf16 rows (the overload below).
   void multiply_activated(const float* x, Index ldx, Index M, const float* bias, Activation activation, bf16* y,
                           std::byte* scratch) const {
-    if (M == 0 || n_ == 0) return;
-    require_bf16_operands("a bf16 output");
-    if (activation == Activation::none)
-      throw InvalidArgument("PackedMatrix::multiply_activated: needs an activation, got none");
-    multiply_dense(operand(x, ldx, M, scratch), M, bias, y, activation);
+    if (M > 0 && n_ > 0 && require_activation(activation))
+      multiply_dense(operand(x, ldx, M, scratch), M, bias, y, activation);
+  }
+  void multiply_activated(const bf16* x, Index ldx, Index M, const float* bias, Activation activation, bf16* y,
+                          std::byte* scratch) const {
+    if (M > 0 && n_ > 0 && require_activation(activation))
+      multiply_dense(dense_bf16(x, ldx, M, scratch), M, bias, y, activation);
   }
 
   /// residual[M, N] += gate[N] ⊙ (x[M, K] · W (+ bias[N])) in one pass: the product
@@ -642,6 +645,14 @@ class PackedMatrix {
     std::shared_ptr<std::byte> data_;
     std::size_t size_ = 0;
   };
+
+  /// The preconditions of multiply_activated; true, or throws.
+  bool require_activation(Activation activation) const {
+    require_bf16_operands("a bf16 output");
+    if (activation == Activation::none)
+      throw InvalidArgument("PackedMatrix::multiply_activated: needs an activation, got none");
+    return true;
+  }
 
   void require_bf16_operands(const char* what) const {
     if (!bf16_operands_)

@@ -183,5 +183,13 @@ inline void linear_activated(Context& ctx, ConstMatRef<float> x, const PackedMat
     w.multiply_activated(x.row(r0).data(), x.outerStride(), rows, bias, activation, y + r0 * w.out_features(), scratch);
   });
 }
+/// The same on bf16 rows x.
+inline void linear_activated(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, Activation activation,
+                             bf16* y) {
+  detail::check_packed_shapes(x.rows, x.cols, w, x.rows, w.out_features());
+  detail::split_packed_rows(ctx, x.rows, w, [&](Index r0, Index rows, std::byte* scratch) {
+    w.multiply_activated(x.data + r0 * x.stride, x.stride, rows, bias, activation, y + r0 * w.out_features(), scratch);
+  });
+}
 
 }  // namespace ldlm

@@ -56,6 +56,28 @@ void layer_norm_modulate(Context& ctx, ConstMatRef<S> x, const S* gamma, float e
   });
 }
 
+/// The same rows rounded to bf16 once, into y: dense [rows, d] bf16, the operand a
+/// bf16 product would otherwise round from a float32 y (same values, one pass over
+/// memory less). y must not overlap x.
+inline void layer_norm_modulate(Context& ctx, ConstMatRef<float> x, const float* gamma, float eps,
+                                ConstMatRef<float> shift, ConstMatRef<float> scale, Index T, bf16* y) {
+  const Index d = x.cols();
+  detail::check_modulate_shapes("layer_norm_modulate", x.rows(), d, T, shift.rows(), shift.cols(), scale.rows(),
+                                scale.cols(), x.rows(), d);
+  constexpr Index kRowsPerTask = 32;
+  ctx.pool().parallel_for((x.rows() + kRowsPerTask - 1) / kRowsPerTask, [&](Index task, int worker) {
+    Arena& arena = ctx.worker_arena(worker);
+    Arena::Scope scope(arena);
+    float* const row = arena.allocate<float>(static_cast<std::size_t>(d));  // one float32 row, in L1
+    for (Index r = task * kRowsPerTask; r < std::min(x.rows(), (task + 1) * kRowsPerTask); ++r) {
+      const Index b = r / T;
+      detail::layer_norm_gain_row(x.row(r).data(), gamma, eps, d, row);
+      detail::modulate_row(row, shift.row(b).data(), scale.row(b).data(), d, row);
+      to_bf16(row, d, y + r * d);
+    }
+  });
+}
+
 /// residual += gate[b] ⊙ x (dropout is the identity at inference). residual must
 /// not alias x or gate.
 template <class S>
