@@ -328,13 +328,16 @@ TEST(Bf16Gemm, FewRowsSplitByColumnBlocksMatchOneThread) {
   for (const Index M : {1, 3, 20}) {
     const Matrix<float> x = Matrix<float>::Random(M, K);
     Matrix<float> one(M, N), split(M, N);
-    Context serial(1), two(2);
+    Context serial(1);
     linear(serial, x, packed, bias.data(), one);
-    linear(two, x, packed, bias.data(), split);
-    const Eigen::ArrayXXf ratio = (split - one).array().abs() / (1e-6f + 1e-5f * one.array().abs());
-    Index r = 0, c = 0;
-    EXPECT_LE(ratio.maxCoeff(&r, &c), 1.0f)
-        << "M = " << M << ": worst at [" << r << ", " << c << "], got " << split(r, c) << ", one thread " << one(r, c);
+    for (const int threads : {2, 6}) {  // 6: one block per thread, the last one partial (17 columns)
+      Context pool(threads);
+      linear(pool, x, packed, bias.data(), split);
+      const Eigen::ArrayXXf ratio = (split - one).array().abs() / (1e-6f + 1e-5f * one.array().abs());
+      Index r = 0, c = 0;
+      EXPECT_LE(ratio.maxCoeff(&r, &c), 1.0f) << "M = " << M << ", " << threads << " threads: worst at [" << r << ", "
+                                              << c << "], got " << split(r, c) << ", one thread " << one(r, c);
+    }
   }
   std::vector<std::byte> scratch(packed.scratch_bytes(1) + 64);
   Matrix<float> y(1, N);
@@ -405,7 +408,7 @@ TEST(Bf16Gemm, GatedAddsRejectAGateOrResidualThatDoesNotFit) {
   EXPECT_THAT(error_of<ShapeError>([&] {
                 linear_gated_add(ctx, x, packed, nullptr, GatedResidual<float>{residual, gate, 4});
               }),
-              HasSubstr("with T = 4 needs a gate"));
+              HasSubstr("a gated residual's 6 rows are not whole sequences of T = 4"));
   EXPECT_THAT(error_of<ShapeError>([&] {
                 linear_gated_add(ctx, x, packed, nullptr, GatedResidual<float>{wide.leftCols(64), gate, 3});
               }),
@@ -414,6 +417,14 @@ TEST(Bf16Gemm, GatedAddsRejectAGateOrResidualThatDoesNotFit) {
                 linear_gated_add(ctx, x.leftCols(16), packed, nullptr, GatedResidual<float>{residual, gate, 3});
               }),
               HasSubstr("linear: x [6, 16], weight [64, 32], y [6, 64] do not fit"));
+  // A weight of no input features has no oneDNN packing: it takes the plain path,
+  // which neither gates nor writes bf16, and says so.
+  const PackedMatrix empty = PackedMatrix::pack(Matrix<float>::Zero(64, 0), WeightLayout::out_in, Precision::bf16);
+  EXPECT_FALSE(empty.bf16_operands());
+  EXPECT_THAT(error_of<InvalidArgument>([&] {
+                linear_gated_add(ctx, Matrix<float>(6, 0), empty, nullptr, GatedResidual<float>{residual, gate, 3});
+              }),
+              HasSubstr("a gated residual needs a weight packed for bf16 kernels"));
 }
 
 // The denoiser block's two gated residuals go through the modules' GatedResidual
@@ -504,7 +515,7 @@ TEST(Bf16Gemm, Bf16NormedRowsGiveTheBitsOfTheFloatRowsTheyRound) {
   EXPECT_THAT(ldlm::test::error_of<InvalidArgument>([&] {
                 fp32_mlp.forward(ctx, input, GatedResidual<float>{from_bf16, gate, T});
               }),
-              HasSubstr("MLP: bf16 rows need a weight packed for bf16 kernels; this one is fp32 on"));
+              HasSubstr("MLP [256, 64]: bf16 rows need a weight packed for bf16 kernels; this one is fp32 on"));
 }
 
 // Attention's bf16 products (gemm_bf16) on fixed-shape primitives: alpha and beta are

@@ -70,7 +70,8 @@ void linear_forward(Context& ctx, ConstMatRef<S> x, const MatmulWeight<S>& w, co
 template <class S>
 const PackedMatrix& packed_for_bf16_rows(const MatmulWeight<S>& w, const char* module) {
   if (!w.packed() || !w.packed()->bf16_operands())
-    throw InvalidArgument(std::string(module) + ": bf16 rows need a weight packed for bf16 kernels; this one is " +
+    throw InvalidArgument(std::string(module) + " " + shape_string(w.shape()) +
+                          ": bf16 rows need a weight packed for bf16 kernels; this one is " +
                           std::string(precision_name(w.precision())) +
                           (w.packed() ? " on " + w.packed()->kernel() : std::string(" and not packed")));
   return *w.packed();

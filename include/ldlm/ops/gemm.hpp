@@ -251,6 +251,8 @@ Matmul& cached_matmul(MatmulCache<Key>& cache, const Key& key, Describe&& descri
 /// With gate_columns > 0, C += gate ⊙ (A · B (+ bias)) instead: the product times a
 /// [1, gate_columns] row (the post-op's first operand), then the old C added.
 inline dnnl::primitive_attr product_attr(float beta, Activation activation = Activation::none, Index gate_columns = 0) {
+  if (gate_columns > 0 && (beta != 0.0f || activation != Activation::none))
+    throw InvalidArgument("gemm: a gated product neither accumulates with beta nor activates (post-ops order)");
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::post_ops ops;
@@ -519,6 +521,7 @@ class PackedMatrix {
 #endif
     Matrix<float> values = rounded_copy();
     if (layout == WeightLayout::out_in) values.transposeInPlace();  // Eigen multiplies by [K, N]
+    p.bf16_operands_ = false;  // (K = 0 on oneDNN: the plain path neither writes bf16 nor gates)
     p.plain_ = std::make_shared<const Matrix<float>>(std::move(values));
     p.kernel_ = "eigen";
     return p;
@@ -558,14 +561,17 @@ class PackedMatrix {
   /// y's rows ldy apart: one block of columns of the product, so that threads can
   /// share a product of few rows. n0 is a multiple of column_block(), and so is cols
   /// unless the block ends at N. Same requirements on x, y and scratch as multiply.
-  void multiply_columns(const float* x, Index ldx, Index M, const float* bias, Index n0, Index cols, float* y,
-                        Index ldy, std::byte* scratch) const {
-    if (M == 0 || cols == 0) return;
-    if (column_block_ == 0 || n0 % column_block_ != 0 || cols < 0 || n0 + cols > n_ ||
+  void multiply_columns([[maybe_unused]] const float* x, [[maybe_unused]] Index ldx, Index M,
+                        [[maybe_unused]] const float* bias, Index n0, Index cols, [[maybe_unused]] float* y,
+                        [[maybe_unused]] Index ldy, [[maybe_unused]] std::byte* scratch) const {
+    if (column_block_ == 0)
+      throw InvalidArgument("PackedMatrix::multiply_columns: this weight has no column blocks (" + kernel_ + ")");
+    if (n0 < 0 || n0 % column_block_ != 0 || cols < 0 || n0 + cols > n_ ||
         (cols % column_block_ != 0 && n0 + cols != n_))
       throw InvalidArgument("PackedMatrix::multiply_columns: columns [" + std::to_string(n0) + ", " +
                             std::to_string(n0 + cols) + ") of " + std::to_string(n_) + " are not whole blocks of " +
                             std::to_string(column_block_));
+    if (M == 0 || cols == 0) return;
 #if defined(LDLM_HAVE_ONEDNN)
     namespace dd = detail::onednn;
     const dd::memory::desc block({k_, cols}, dd::memory::data_type::bf16, dd::memory::format_tag::BA16a64b2a);
@@ -699,8 +705,8 @@ class PackedMatrix {
 
   /// y: float, or bf16 when there is an activation (only on bf16 kernels). With a
   /// gate (only on bf16 kernels), y += gate ⊙ product.
-  void multiply_dense(const void* a, Index M, const float* bias, void* y, Activation activation,
-                      const float* gate = nullptr) const {
+  void multiply_dense(const void* a, Index M, const float* bias, void* y, [[maybe_unused]] Activation activation,
+                      [[maybe_unused]] const float* gate = nullptr) const {
 #if defined(LDLM_HAVE_ONEDNN)
     if (!plain_) {
       namespace dd = detail::onednn;

@@ -82,7 +82,8 @@ inline void check_packed_shapes(Index x_rows, Index x_cols, const PackedMatrix& 
 }  // namespace detail
 
 /// y[M, N] = x[M, K] · W (+ bias[N]) with a packed weight, then `epilogue` on each
-/// finished block of rows, as above. y must not alias x.
+/// finished block of y, as above: of rows, or of columns when the rows are too few
+/// for the threads. y must not alias x.
 template <class Epilogue = std::nullptr_t>
 void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
             Epilogue&& epilogue = nullptr) {
@@ -129,12 +130,14 @@ struct GatedResidual {
 namespace detail {
 inline void check_gated_residual(Index x_rows, Index x_cols, const PackedMatrix& w, const GatedResidual<float>& out) {
   check_packed_shapes(x_rows, x_cols, w, out.residual.rows(), out.residual.cols());
-  if (out.T <= 0 || x_rows % out.T != 0 || out.gate.rows() != x_rows / out.T || out.gate.cols() != w.out_features())
-    throw ShapeError("linear: a gated residual of " + shape_string(Shape{x_rows, w.out_features()}) +
-                     " with T = " + std::to_string(out.T) + " needs a gate " +
-                     shape_string(Shape{out.T > 0 ? x_rows / out.T : 0, w.out_features()}) + ", got " +
-                     shape_string(Shape{out.gate.rows(), out.gate.cols()}));
-  if (out.residual.outerStride() != out.residual.cols() || out.gate.innerStride() != 1)
+  if (out.T <= 0 || x_rows % out.T != 0)
+    throw ShapeError("linear: a gated residual's " + std::to_string(x_rows) +
+                     " rows are not whole sequences of T = " + std::to_string(out.T));
+  if (out.gate.rows() != x_rows / out.T || out.gate.cols() != w.out_features())
+    throw ShapeError("linear: a gated residual of " + shape_string(Shape{x_rows, w.out_features()}) + " with T = " +
+                     std::to_string(out.T) + " needs a gate " + shape_string(Shape{x_rows / out.T, w.out_features()}) +
+                     ", got " + shape_string(Shape{out.gate.rows(), out.gate.cols()}));
+  if (out.residual.outerStride() != out.residual.cols())
     throw ShapeError("linear: a gated residual needs dense residual rows (row stride " +
                      std::to_string(out.residual.cols()) + "), got row stride " +
                      std::to_string(out.residual.outerStride()));
