@@ -49,6 +49,8 @@ class MatmulWeight : public Parameter<S> {
   Precision precision() const { return packed_ ? packed_->precision() : Precision::fp32; }
   /// Null until packed.
   const PackedMatrix* packed() const { return packed_.get(); }
+  /// Whether the products take bf16 operands (and bf16 rows): packed for bf16 kernels.
+  bool bf16_operands() const { return packed_ && packed_->bf16_operands(); }
 
  private:
   WeightLayout layout_ = WeightLayout::out_in;
@@ -69,7 +71,7 @@ void linear_forward(Context& ctx, ConstMatRef<S> x, const MatmulWeight<S>& w, co
 /// w's packing, which must be for bf16 kernels: bf16 rows exist only to feed them.
 template <class S>
 const PackedMatrix& packed_for_bf16_rows(const MatmulWeight<S>& w, const char* module) {
-  if (!w.packed() || !w.packed()->bf16_operands())
+  if (!w.bf16_operands())
     throw InvalidArgument(std::string(module) + " " + shape_string(w.shape()) +
                           ": bf16 rows need a weight packed for bf16 kernels; this one is " +
                           std::string(precision_name(w.precision())) +
@@ -98,9 +100,8 @@ inline void gated_add_product(Context& ctx, BF16Rows x, const PackedMatrix& w, c
 template <class S, class Map>
 void forward_gated_add(Context& ctx, const Map& map, ConstMatRef<S> x, const GatedResidual<S>& out) {
   if constexpr (std::is_same_v<S, float>) {
-    const PackedMatrix* packed = map.weight.packed();
-    if (packed && packed->bf16_operands() && out.residual.outerStride() == out.residual.cols())
-      return linear_gated_add(ctx, x, *packed, map.bias_data(), out);
+    if (map.weight.bf16_operands() && out.residual.outerStride() == out.residual.cols())
+      return linear_gated_add(ctx, x, *map.weight.packed(), map.bias_data(), out);
   }
   Arena::Scope scope(ctx.arena());
   MatrixMap<S> y(ctx.arena().allocate<S>(x.rows() * map.out_features()), x.rows(), map.out_features());
@@ -145,8 +146,7 @@ struct Linear {
   void forward(Context& ctx, BF16Rows x, MatRef<S> y) const {
     linear(ctx, x, packed_for_bf16_rows(weight, "Linear"), bias_data(), y);
   }
-  /// Whether the products take bf16 operands (and bf16 rows).
-  bool bf16_operands() const { return weight.packed() && weight.packed()->bf16_operands(); }
+  bool bf16_operands() const { return weight.bf16_operands(); }
 };
 
 /// Hugging Face GPT-2 Conv1D: weight stored [in, out], y = x W + b.
@@ -173,7 +173,7 @@ struct Conv1D {
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
     linear_forward<S>(ctx, x, weight, bias_data(), y, std::forward<Epilogue>(epilogue));
   }
-  bool bf16_operands() const { return weight.packed() && weight.packed()->bf16_operands(); }
+  bool bf16_operands() const { return weight.bf16_operands(); }
 };
 
 }  // namespace ldlm::nn
