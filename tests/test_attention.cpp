@@ -626,9 +626,12 @@ TEST(SoftmaxRow, NanScoreMakesTheSumNanAsTheDefinitionDoes) {
 // The softmax row of bf16 attention on AMX: probabilities e_j / Σ rounded to bf16,
 // against the definition in double. Rounding to bf16's 8 significant bits moves a
 // value by up to 2^-8 of itself, and the float is within a few ulp of the exponent
-// of the true value: up to 2 · 50 · log2 e with softcap 50, and |scale · s · log2 e| up
-// to about 430 without a cap at spread 300, at most about 1e-5: rtol 2^-8 + 2e-5. atol
-// covers probabilities that underflow (below 1e-38, flushed to zero by the instruction).
+// of the true value: up to 2 · c · log2 e with softcap c (c ≤ 100 here), and
+// |scale · s · log2 e| up to about 430 without a cap at spread 300, at most about
+// 1e-5: rtol 2^-8 + 2e-5. atol covers probabilities that underflow (below 1e-38,
+// flushed to zero by the instruction). Caps up to 64 take the kernel's path without a
+// shift by the row's maximum, larger ones (and none) the shifted path: 64 and 100 sit
+// on either side.
 constexpr Tolerance kBf16ProbabilityTol{1e-37, 1.0 / 256 + 2e-5};
 
 TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
@@ -637,7 +640,7 @@ TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
   std::uint64_t seed = 100;
   for (Index n : {1, 15, 16, 17, 31, 32, 33, 100, 1000, 1024})
     for (float spread : {0.5f, 8.0f, 300.0f})
-      for (float cap : {0.0f, 50.0f, 1.0f})
+      for (float cap : {0.0f, 50.0f, 1.0f, 64.0f, 100.0f})
         for (float scale : {1.0f, 0.125f, 0.3f}) {
           const std::vector<float> scores = random_scores(static_cast<std::size_t>(n), spread, ++seed);
           const Index padded = (n + 31) / 32 * 32 + 32;  // one block of zeros beyond the rounding
@@ -662,6 +665,20 @@ TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
           for (Index j = n; j < padded; ++j)
             ASSERT_EQ(bf16_to_float(p[static_cast<std::size_t>(j)]), 0.0f) << "n = " << n << ", padding at " << j;
         }
+}
+
+// Without the shift, a row whose every score is capped near −c has exponentials near
+// e^−c. For c ≤ 64 those are normal floats, so the row is still a softmax, not 0 / 0.
+TEST(SoftmaxRow, Bf16ProbabilitiesOfARowCappedNearMinusTheCapAreUniform) {
+  const CpuFeatures& cpu = cpu_features();
+  if (!(cpu.avx512f && cpu.avx512dq && cpu.avx512bw && cpu.avx512_bf16)) GTEST_SKIP() << "needs AVX512_BF16";
+  for (float cap : {50.0f, 64.0f}) {
+    std::vector<float> row(1024, -1e6f);
+    std::vector<bf16> p(1024);
+    detail::softmax_row_to_bf16_avx512(row.data(), 1024, 1024, 1.0f, cap, p.data());
+    for (Index j = 0; j < 1024; ++j)
+      ASSERT_EQ(bf16_to_float(p[static_cast<std::size_t>(j)]), 1.0f / 1024) << "cap " << cap << ", key " << j;
+  }
 }
 
 TEST(SoftmaxRow, Bf16ProbabilitiesRejectARowThatDoesNotFitItsPadding) {

@@ -192,7 +192,8 @@ HeadBlocks<E> bf16_operand(Context& ctx, HeadRows<float> x, Index batch, Index l
 /// queries of one head. The same semantics as attention_tiles in bf16 (bf16 operands,
 /// fp32 scores scaled and capped, each softmax row normalised and rounded to bf16
 /// before P·V), not the same bits: the summation order, the exponential (base 2,
-/// scale and cap folded) and subnormal probabilities (flushed) differ.
+/// scale and cap folded, and with a cap no shift by the row's maximum) and subnormal
+/// probabilities (flushed) differ.
 inline void attention_amx(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, float* out,
                           Index out_stride, const AttentionShape& s, const AttentionOptions& options) {
   const Index B = s.batch, Tq = s.q_len, Tk = s.kv_len, H = s.heads, hd = s.head_dim;
