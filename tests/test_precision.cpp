@@ -659,6 +659,21 @@ TEST(Bf16Attention, KernelMatchesDoubleOnBf16OperandsBeyondOneTile) {
                        {c.cap, c.causal, Precision::bf16});
       const double err = (out.cast<double>() - want).cwiseAbs().maxCoeff();
       EXPECT_LT(err, kBf16AttentionTol) << threads << " thread(s)";
+      // Rounded to bf16 rows for a product, into columns [3, 3 + d) of rows d + 5
+      // wide: each value is the float result rounded once.
+      const Index wide = d + 5;
+      std::vector<bf16> rows(static_cast<std::size_t>(c.B * c.Tq * wide), float_to_bf16(7.0f));
+      attention(ctx, HeadRows<float>{q.data(), d}, {k.data(), d}, {v.data(), d}, rows.data() + 3, wide,
+                {c.B, c.Tq, c.Tk, c.H, c.hd}, {c.cap, c.causal, Precision::bf16});
+      Index mismatches = 0, first_row = -1, first_col = -1;
+      for (Index r = 0; r < c.B * c.Tq; ++r)
+        for (Index j = 0; j < wide; ++j) {
+          const float got = bf16_to_float(rows[static_cast<std::size_t>(r * wide + j)]);
+          const bool inside = j >= 3 && j < 3 + d;
+          if (got != (inside ? round_to_bf16(out(r, j - 3)) : 7.0f) && mismatches++ == 0) first_row = r, first_col = j;
+        }
+      EXPECT_EQ(mismatches, 0) << threads << " thread(s): first at row " << first_row << ", column " << first_col
+                               << " of the wide bf16 rows (the result sits in columns 3 .. " << 2 + d << ")";
       // And the fp32 kernel on the same inputs is measurably different (the mode is live).
       Matrix<float> fp32(c.B * c.Tq, d);
       attention<float>(ctx, {q.data(), d}, {k.data(), d}, {v.data(), d}, fp32.data(), d, {c.B, c.Tq, c.Tk, c.H, c.hd},
@@ -666,6 +681,14 @@ TEST(Bf16Attention, KernelMatchesDoubleOnBf16OperandsBeyondOneTile) {
       EXPECT_GT((fp32 - out).cwiseAbs().maxCoeff(), 1e-3);
     }
   }
+  Context ctx;
+  std::vector<float> x(16 * 16, 0.5f);
+  std::vector<bf16> y(16 * 16);
+  EXPECT_THAT(ldlm::test::error_of<InvalidArgument>([&] {
+                attention(ctx, HeadRows<float>{x.data(), 16}, {x.data(), 16}, {x.data(), 16}, y.data(), 16,
+                          {1, 16, 16, 1, 16}, {0.0, false, Precision::fp32});
+              }),
+              HasSubstr("a bf16 output needs bf16 precision; these options ask for fp32"));
 }
 
 // ---------------------------------------------------------------------------

@@ -39,10 +39,11 @@ struct AttentionModuleConfig {
 
 namespace detail {
 /// Rotary (when on) and attention over a [rows, 3d] buffer holding q | k | v;
-/// writes the merged heads to a [rows, d].
-template <class S>
+/// writes the merged heads to `a`, [rows, d] (row stride d): S, or bf16 rows for a
+/// bf16 product in bf16 precision.
+template <class S, class Out>
 void attend_qkv(Context& ctx, const AttentionModuleConfig& config, Precision precision, MatrixMap<S> qkv, Index B,
-                Index T, const RotaryTable<S>* rotary, MatrixMap<S> a) {
+                Index T, const RotaryTable<S>* rotary, Out* a) {
   const Index d = config.d_model;
   if (config.rotary) {
     RotaryTable<S> local;
@@ -51,8 +52,11 @@ void attend_qkv(Context& ctx, const AttentionModuleConfig& config, Precision pre
     apply_rotary_inplace<S>(ctx, qkv, 0, 2 * config.heads, config.head_dim, T, *rotary, config.rotary_interleaved);
   }
   const Index stride = 3 * d;
-  attention<S>(ctx, {qkv.data(), stride}, {qkv.data() + d, stride}, {qkv.data() + 2 * d, stride}, a.data(), d,
-               config.shape(B, T, T), config.kernel_options(precision));
+  const HeadRows<S> q{qkv.data(), stride}, k{qkv.data() + d, stride}, v{qkv.data() + 2 * d, stride};
+  if constexpr (std::is_same_v<Out, bf16>)
+    attention(ctx, q, k, v, a, d, config.shape(B, T, T), config.kernel_options(precision));
+  else
+    attention<S>(ctx, q, k, v, a, d, config.shape(B, T, T), config.kernel_options(precision));
 }
 }  // namespace detail
 
@@ -82,9 +86,18 @@ struct FusedSelfAttention {
     Arena::Scope scope(ctx.arena());
     const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
-    MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);            // [B*T, d]
     attn_qkv.forward(ctx, x, qkv);
-    detail::attend_qkv<S>(ctx, config, attn_qkv.precision(), qkv, B, T, rotary, a);
+    if constexpr (std::is_same_v<S, float>) {
+      if (attn_qkv.precision() == Precision::bf16 && attn_out.bf16_operands()) {
+        // attn_out reads bf16 rows: attention writes them, not float rows to round.
+        bf16* const a = ctx.arena().allocate<bf16>(rows * d);  // [B*T, d]
+        detail::attend_qkv<S>(ctx, config, Precision::bf16, qkv, B, T, rotary, a);
+        return gated_add_product(ctx, BF16Rows{a, rows, d, d}, *attn_out.weight.packed(), attn_out.bias_data(),
+                                 std::forward<Out>(y));
+      }
+    }
+    MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);  // [B*T, d]
+    detail::attend_qkv<S>(ctx, config, attn_qkv.precision(), qkv, B, T, rotary, a.data());
     forward_gated_add<S>(ctx, attn_out, a, std::forward<Out>(y));
   }
   bool takes_bf16_rows() const { return attn_qkv.bf16_operands(); }
@@ -120,7 +133,7 @@ struct SelfAttention {
     q_proj.forward(ctx, x, qkv.middleCols(0, d));
     k_proj.forward(ctx, x, qkv.middleCols(d, d));
     v_proj.forward(ctx, x, qkv.middleCols(2 * d, d));
-    detail::attend_qkv<S>(ctx, config, q_proj.precision(), qkv, B, T, rotary, a);
+    detail::attend_qkv<S>(ctx, config, q_proj.precision(), qkv, B, T, rotary, a.data());
     o_proj.forward(ctx, a, y);
   }
 };
@@ -151,7 +164,7 @@ struct GPT2Attention {
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
     MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);            // [B*T, d]
     c_attn.forward(ctx, x, qkv);
-    detail::attend_qkv<S>(ctx, config, c_attn.precision(), qkv, B, T, nullptr, a);
+    detail::attend_qkv<S>(ctx, config, c_attn.precision(), qkv, B, T, nullptr, a.data());
     c_proj.forward(ctx, a, y);
   }
 };

@@ -187,15 +187,30 @@ HeadBlocks<E> bf16_operand(Context& ctx, HeadRows<float> x, Index batch, Index l
   return {heads, hd, len * hd, H * len * hd};
 }
 
+/// False when there is nothing to compute; throws for a causal shape that is not square.
+inline bool attention_has_work(const AttentionShape& shape, const AttentionOptions& options) {
+  if (options.causal && shape.q_len != shape.kv_len)
+    throw ShapeError("attention: causal attention needs as many queries as keys, got Tq = " +
+                     std::to_string(shape.q_len) + ", Tk = " + std::to_string(shape.kv_len));
+  return shape.q_len > 0 && shape.kv_len > 0;
+}
+
 #if defined(LDLM_HAVE_AMX)
+/// Whether bf16 attention of this shape runs on ldlm's AMX kernel.
+inline bool runs_on_amx(const AttentionShape& shape) {
+  return bf16_attention_amx() && amx::supports_head_dim(shape.head_dim);
+}
+
 /// bf16 attention on ldlm's AMX kernel (ops/attention_amx.hpp): one task per 32
 /// queries of one head. The same semantics as attention_tiles in bf16 (bf16 operands,
 /// fp32 scores scaled and capped, each softmax row normalised and rounded to bf16
 /// before P·V), not the same bits: the summation order, the exponential (base 2,
 /// scale and cap folded, and with a cap no shift by the row's maximum) and subnormal
-/// probabilities (flushed) differ.
-inline void attention_amx(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, float* out,
-                          Index out_stride, const AttentionShape& s, const AttentionOptions& options) {
+/// probabilities (flushed) differ. `out` is float, or bf16 for a product that reads
+/// the result: the same values, rounded once.
+template <class Out>
+void attention_amx(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, Out* out, Index out_stride,
+                   const AttentionShape& s, const AttentionOptions& options) {
   const Index B = s.batch, Tq = s.q_len, Tk = s.kv_len, H = s.heads, hd = s.head_dim;
   const Index q_rows = amx::padded_rows(Tq), kv_rows = amx::padded_rows(Tk), head_elements = kv_rows * hd;
   Arena& arena = ctx.arena();
@@ -256,9 +271,19 @@ inline void attention_amx(Context& ctx, HeadRows<float> q, HeadRows<float> k, He
       else
         std::fill_n(p, keys_used, bf16{});
     }
+    Out* const to = out + (b * Tq + i0) * out_stride + h * hd;
+    if constexpr (std::is_same_v<Out, float>) {
+      if (rows == amx::kBlock)  // a whole block: the tiles go where they belong
+        return amx::probability_value_tiles(probabilities, probability_ld, head_start(values, b, h, head_elements),
+                                            keys_used, hd, to, out_stride);
+    }
     amx::probability_value_tiles(probabilities, probability_ld, head_start(values, b, h, head_elements), keys_used, hd,
                                  block_out, hd);
-    for (Index r = 0; r < rows; ++r) std::copy_n(block_out + r * hd, hd, out + (b * Tq + i0 + r) * out_stride + h * hd);
+    for (Index r = 0; r < rows; ++r)
+      if constexpr (std::is_same_v<Out, float>)
+        std::copy_n(block_out + r * hd, hd, to + r * out_stride);
+      else
+        to_bf16(block_out + r * hd, hd, to + r * out_stride);
   });
 }
 #endif
@@ -280,18 +305,14 @@ void attention_bf16(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows
 template <class S>
 void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out, Index out_stride,
                const AttentionShape& shape, const AttentionOptions& options) {
-  if (options.causal && shape.q_len != shape.kv_len)
-    throw ShapeError("attention: causal attention needs as many queries as keys, got Tq = " +
-                     std::to_string(shape.q_len) + ", Tk = " + std::to_string(shape.kv_len));
-  if (shape.q_len == 0 || shape.kv_len == 0) return;
+  if (!detail::attention_has_work(shape, options)) return;
   if (options.precision == Precision::fp32)
     return detail::attention_tiles<S, S>(
         ctx, detail::head_blocks(q, shape.q_len, shape.head_dim), detail::head_blocks(k, shape.kv_len, shape.head_dim),
         detail::head_blocks(v, shape.kv_len, shape.head_dim), out, out_stride, shape, options, false);
   if constexpr (std::is_same_v<S, float>) {
 #if defined(LDLM_HAVE_AMX)
-    if (bf16_attention_amx() && detail::amx::supports_head_dim(shape.head_dim))
-      return detail::attention_amx(ctx, q, k, v, out, out_stride, shape, options);
+    if (detail::runs_on_amx(shape)) return detail::attention_amx(ctx, q, k, v, out, out_stride, shape, options);
 #endif
     if (bf16_operands_native())
       detail::attention_bf16<bf16>(ctx, q, k, v, out, out_stride, shape, options);
@@ -300,6 +321,26 @@ void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out
   } else {
     throw InvalidArgument("attention: bf16 precision needs float tensors, these are double");
   }
+}
+
+/// attention() in bf16 precision with its output rounded to bf16, for a bf16 product
+/// that reads it: the values attention() writes, each rounded once. The AMX kernel
+/// rounds its tiles as it stores them; other kernels write float rows to the arena,
+/// then round them.
+inline void attention(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, bf16* out,
+                      Index out_stride, const AttentionShape& shape, const AttentionOptions& options) {
+  if (options.precision != Precision::bf16)
+    throw InvalidArgument("attention: a bf16 output needs bf16 precision; these options ask for " +
+                          std::string(precision_name(options.precision)));
+  if (!detail::attention_has_work(shape, options)) return;
+#if defined(LDLM_HAVE_AMX)
+  if (detail::runs_on_amx(shape)) return detail::attention_amx(ctx, q, k, v, out, out_stride, shape, options);
+#endif
+  Arena::Scope scope(ctx.arena());
+  const Index rows = shape.batch * shape.q_len, width = shape.heads * shape.head_dim;
+  float* const result = ctx.arena().allocate<float>(static_cast<std::size_t>(rows * width));
+  attention<float>(ctx, q, k, v, result, width, shape, options);
+  for_each_row(ctx, rows, [&](Index r) { to_bf16(result + r * width, width, out + r * out_stride); });
 }
 
 }  // namespace ldlm
