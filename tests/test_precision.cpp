@@ -442,6 +442,14 @@ void expect_gated_form_matches_unfused(const char* name, Precision precision, co
   forward(ctx, module, x, output);
   gated_residual_add<float>(ctx, want, gate, output, T);
   forward(ctx, module, x, GatedResidual<float>{got, gate, T});
+  // A residual of strided rows (a column block of wider ones) takes the unfused
+  // order on every kernel: the product into the arena, then the gated add.
+  Matrix<float> wide = Matrix<float>::Constant(B * T, d + 8, 7.0f);
+  wide.leftCols(d) = start;
+  forward(ctx, module, x, GatedResidual<float>{wide.leftCols(d), gate, T});
+  EXPECT_TRUE(wide.leftCols(d) == want && (wide.rightCols(8).array() == 7.0f).all())
+      << name << " " << precision_name(precision) << ", strided residual: max |difference| "
+      << (wide.leftCols(d) - want).cwiseAbs().maxCoeff();
   if (precision == Precision::fp32) {
     EXPECT_TRUE(got == want) << name << " fp32: max |difference| " << (got - want).cwiseAbs().maxCoeff();
     return;

@@ -79,13 +79,20 @@ const PackedMatrix& packed_for_bf16_rows(const MatmulWeight<S>& w, const char* m
   return *w.packed();
 }
 
-/// out.residual += gate ⊙ (x · W (+ b)) on bf16 rows x, with a weight packed for bf16
-/// kernels: in one pass where the residual is dense (linear_gated_add).
-inline void gated_add_product(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias,
-                              const GatedResidual<float>& out) {
+/// out.residual += gate ⊙ (x · W (+ b)) on float or bf16 rows x, with a weight packed
+/// for bf16 kernels: in one pass where the residual is dense (linear_gated_add).
+template <class Rows>
+void gated_add_product(Context& ctx, const Rows& x, const PackedMatrix& w, const float* bias,
+                       const GatedResidual<float>& out) {
   if (out.residual.outerStride() == out.residual.cols()) return linear_gated_add(ctx, x, w, bias, out);
   Arena::Scope scope(ctx.arena());
-  MatrixMap<float> y(ctx.arena().allocate<float>(x.rows * w.out_features()), x.rows, w.out_features());
+  const Index rows = [&] {
+    if constexpr (std::is_same_v<Rows, BF16Rows>)
+      return x.rows;
+    else
+      return x.rows();
+  }();
+  MatrixMap<float> y(ctx.arena().allocate<float>(rows * w.out_features()), rows, w.out_features());
   linear(ctx, x, w, bias, y);
   gated_residual_add<float>(ctx, out.residual, out.gate, y, out.T);
 }
@@ -100,8 +107,7 @@ inline void gated_add_product(Context& ctx, BF16Rows x, const PackedMatrix& w, c
 template <class S, class Map>
 void forward_gated_add(Context& ctx, const Map& map, ConstMatRef<S> x, const GatedResidual<S>& out) {
   if constexpr (std::is_same_v<S, float>) {
-    if (map.weight.bf16_operands() && out.residual.outerStride() == out.residual.cols())
-      return linear_gated_add(ctx, x, *map.weight.packed(), map.bias_data(), out);
+    if (map.weight.bf16_operands()) return gated_add_product(ctx, x, *map.weight.packed(), map.bias_data(), out);
   }
   Arena::Scope scope(ctx.arena());
   MatrixMap<S> y(ctx.arena().allocate<S>(x.rows() * map.out_features()), x.rows(), map.out_features());
