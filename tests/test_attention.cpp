@@ -630,8 +630,8 @@ TEST(SoftmaxRow, NanScoreMakesTheSumNanAsTheDefinitionDoes) {
 // |scale · s · log2 e| up to about 430 without a cap at spread 300, at most about
 // 1e-5: rtol 2^-8 + 2e-5. atol covers probabilities that underflow (below 1e-38,
 // flushed to zero by the instruction). Caps up to 64 take the kernel's path without a
-// shift by the row's maximum, larger ones (and none) the shifted path: 64 and 100 sit
-// on either side.
+// shift by the row's maximum, larger ones (and none) the shifted path: 64 sits below,
+// 88 and 100 above (unshifted, a row of e^±88 or e^±100 would overflow or underflow).
 constexpr Tolerance kBf16ProbabilityTol{1e-37, 1.0 / 256 + 2e-5};
 
 TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
@@ -640,7 +640,7 @@ TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
   std::uint64_t seed = 100;
   for (Index n : {1, 15, 16, 17, 31, 32, 33, 100, 1000, 1024})
     for (float spread : {0.5f, 8.0f, 300.0f})
-      for (float cap : {0.0f, 50.0f, 1.0f, 64.0f, 100.0f})
+      for (float cap : {0.0f, 50.0f, 1.0f, 64.0f, 88.0f, 100.0f})
         for (float scale : {1.0f, 0.125f, 0.3f}) {
           const std::vector<float> scores = random_scores(static_cast<std::size_t>(n), spread, ++seed);
           const Index padded = (n + 31) / 32 * 32 + 32;  // one block of zeros beyond the rounding
@@ -667,18 +667,21 @@ TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
         }
 }
 
-// Without the shift, a row whose every score is capped near −c has exponentials near
-// e^−c. For c ≤ 64 those are normal floats, so the row is still a softmax, not 0 / 0.
-TEST(SoftmaxRow, Bf16ProbabilitiesOfARowCappedNearMinusTheCapAreUniform) {
+// Without the shift, a row whose every score is capped near ±c has exponentials near
+// e^±c. For c ≤ 64 those are normal floats and 4096 of them sum without overflow, so
+// the row is still a softmax, not 0 / 0 or ∞ / ∞. At and above the threshold.
+TEST(SoftmaxRow, Bf16ProbabilitiesOfARowCappedNearTheCapAreUniform) {
   const CpuFeatures& cpu = cpu_features();
   if (!(cpu.avx512f && cpu.avx512dq && cpu.avx512bw && cpu.avx512_bf16)) GTEST_SKIP() << "needs AVX512_BF16";
-  for (float cap : {50.0f, 64.0f}) {
-    std::vector<float> row(1024, -1e6f);
-    std::vector<bf16> p(1024);
-    detail::softmax_row_to_bf16_avx512(row.data(), 1024, 1024, 1.0f, cap, p.data());
-    for (Index j = 0; j < 1024; ++j)
-      ASSERT_EQ(bf16_to_float(p[static_cast<std::size_t>(j)]), 1.0f / 1024) << "cap " << cap << ", key " << j;
-  }
+  for (float cap : {50.0f, 64.0f, 88.0f, 100.0f})
+    for (float score : {-1e6f, 1e6f}) {
+      std::vector<float> row(4096, score);
+      std::vector<bf16> p(4096);
+      detail::softmax_row_to_bf16_avx512(row.data(), 4096, 4096, 1.0f, cap, p.data());
+      for (Index j = 0; j < 4096; ++j)
+        ASSERT_EQ(bf16_to_float(p[static_cast<std::size_t>(j)]), 1.0f / 4096)
+            << "cap " << cap << ", every score " << score << ", key " << j;
+    }
 }
 
 TEST(SoftmaxRow, Bf16ProbabilitiesRejectARowThatDoesNotFitItsPadding) {

@@ -516,6 +516,20 @@ TEST(Bf16Gemm, Bf16NormedRowsGiveTheBitsOfTheFloatRowsTheyRound) {
   mlp.forward(ctx, input, GatedResidual<float>{from_bf16, gate, T});
   EXPECT_TRUE(from_float == from_bf16) << "MLP: max |difference| " << (from_float - from_bf16).cwiseAbs().maxCoeff();
 
+  // Inside the attention module, attention writes attn_out's bf16 operand itself: the
+  // bits of attn_out rounding attention's float result.
+  {
+    Arena::Scope scope(ctx.arena());
+    MatrixMap<float> qkv(ctx.arena().allocate<float>(B * T * 3 * d), B * T, 3 * d);
+    attention.attn_qkv.forward(ctx, normed, qkv);
+    Matrix<float> a(B * T, d), unfused = start, fused = start;
+    nn::detail::attend_qkv<float>(ctx, attention.config, Precision::bf16, qkv, B, T, nullptr, a.data());
+    nn::forward_gated_add<float>(ctx, attention.attn_out, a, GatedResidual<float>{unfused, gate, T});
+    attention.forward(ctx, normed, B, T, nullptr, GatedResidual<float>{fused, gate, T});
+    EXPECT_TRUE(fused == unfused) << "attention through bf16 rows of its own: max |difference| "
+                                  << (fused - unfused).cwiseAbs().maxCoeff();
+  }
+
   // bf16 rows only feed bf16 kernels.
   nn::GeluMLP<float> fp32_mlp(d, 4 * d);
   init_parameters(fp32_mlp, 4, "mlp.", Precision::fp32);
@@ -682,6 +696,14 @@ TEST(Bf16Attention, KernelMatchesDoubleOnBf16OperandsBeyondOneTile) {
         }
       EXPECT_EQ(mismatches, 0) << threads << " thread(s): first at row " << first_row << ", column " << first_col
                                << " of the wide bf16 rows (the result sits in columns 3 .. " << 2 + d << ")";
+      // And float rows as wide: whole blocks of 32 queries are stored in place.
+      Matrix<float> wide_float = Matrix<float>::Constant(c.B * c.Tq, wide, 7.0f);
+      attention<float>(ctx, {q.data(), d}, {k.data(), d}, {v.data(), d}, wide_float.data() + 3, wide,
+                       {c.B, c.Tq, c.Tk, c.H, c.hd}, {c.cap, c.causal, Precision::bf16});
+      EXPECT_TRUE(wide_float.middleCols(3, d) == out && (wide_float.leftCols(3).array() == 7.0f).all() &&
+                  (wide_float.rightCols(2).array() == 7.0f).all())
+          << threads << " thread(s): float rows of stride " << wide << ", max |difference| "
+          << (wide_float.middleCols(3, d) - out).cwiseAbs().maxCoeff();
       // And the fp32 kernel on the same inputs is measurably different (the mode is live).
       Matrix<float> fp32(c.B * c.Tq, d);
       attention<float>(ctx, {q.data(), d}, {k.data(), d}, {v.data(), d}, fp32.data(), d, {c.B, c.Tq, c.Tk, c.H, c.hd},

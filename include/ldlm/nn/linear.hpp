@@ -96,7 +96,8 @@ void gated_add_product(Context& ctx, const Rows& x, const PackedMatrix& w, const
   linear(ctx, x, w, bias, y);
   gated_residual_add<float>(ctx, out.residual, out.gate, y, out.T);
 }
-/// y = x · W (+ b) on bf16 rows x (the overload the MLPs pick for a plain output).
+/// y = x · W (+ b) on bf16 rows x (the overload the MLPs and FusedSelfAttention pick
+/// for a plain output; float rows with a plain output take map.forward instead).
 inline void gated_add_product(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, MatRef<float> y) {
   linear(ctx, x, w, bias, y);
 }

@@ -325,8 +325,9 @@ void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out
 
 /// attention() in bf16 precision with its output rounded to bf16, for a bf16 product
 /// that reads it: the values attention() writes, each rounded once. The AMX kernel
-/// rounds its tiles as it stores them; other kernels write float rows to the arena,
-/// then round them.
+/// rounds each block's rows as it copies them out of its L1 scratch, so float rows
+/// never reach memory; other kernels write float rows to the arena, then round them.
+/// out must not alias q, k or v.
 inline void attention(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, bf16* out,
                       Index out_stride, const AttentionShape& shape, const AttentionOptions& options) {
   if (options.precision != Precision::bf16)
