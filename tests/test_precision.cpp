@@ -540,6 +540,71 @@ TEST(Bf16Gemm, Bf16NormedRowsGiveTheBitsOfTheFloatRowsTheyRound) {
               HasSubstr("MLP [256, 64]: bf16 rows need a weight packed for bf16 kernels; this one is fp32 on"));
 }
 
+// On bf16 kernels each MLP's first product applies the activation itself
+// (up_activate_down_bf16): it must be the module's own, which no other test of the
+// fused branch can tell from the other GELU (bf16 rounding hides their gap at small
+// arguments). Inputs in [-4, 4] and up weights scaled by 4 give pre-activations of
+// standard deviation 2–5: beyond |x| ≈ 2 the two GELUs differ by bf16 ulps. The reference
+// is the unfused order: up's product in fp32, ldlm's fp32 activation, one rounding to
+// bf16, down's product. oneDNN's activation differs from ldlm's by float ulps, which
+// turn a few hidden values into their bf16 neighbour: the gap to the module's own
+// activation must stay within a tenth of the gap to the other one, and within
+// atol 2e-4 + rtol 2^-8 of the output.
+TEST(Bf16Gemm, EachMlpFusesItsOwnActivation) {
+  if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel: the MLPs activate and round separately";
+  std::srand(7);
+  constexpr Index rows = 48, d = 64;
+  Context ctx(2);
+  const Matrix<float> x = Matrix<float>::Random(rows, d) * 4.0f;
+
+  auto check = [&](const char* name, auto& module, const std::string& up_weight, const auto& up, const auto& down,
+                   Activation own, auto&& forward) {
+    init_parameters(module, 6, "", std::nullopt);
+    module.visit("", [&](const std::string& parameter, auto& p) {
+      if (parameter == up_weight)
+        for (std::int64_t i = 0; i < p.numel(); ++i) p.data()[i] *= 4.0f;
+      pack_if_matmul_weight(p, Precision::bf16);
+    });
+    Matrix<float> up_input = x;
+    if constexpr (requires { module.norm; }) module.norm.forward(ctx, x, up_input);
+    auto unfused = [&](Activation activation) {
+      Matrix<float> h(rows, up.out_features()), y(rows, d);
+      up.forward(ctx, up_input, h);
+      for (Index r = 0; r < rows; ++r) activation_inplace<float>(activation)(h.row(r).data(), h.cols());
+      round_to_bf16(h.data(), h.size(), h.data());
+      down.forward(ctx, h, y);
+      return y;
+    };
+    Matrix<float> fused(rows, d);
+    forward(fused);
+    const Activation other = own == Activation::gelu_tanh ? Activation::gelu_erf : Activation::gelu_tanh;
+    const Matrix<float> want = unfused(own), wrong = unfused(other);
+    const Eigen::ArrayXXf ratio = (fused - want).array().abs() / (2e-4f + want.array().abs() / 256.0f);
+    Index r = 0, c = 0;
+    const float worst = ratio.maxCoeff(&r, &c);
+    const float gap_own = (fused - want).cwiseAbs().maxCoeff(), gap_other = (fused - wrong).cwiseAbs().maxCoeff();
+    EXPECT_LE(worst, 1.0f) << name << ": worst at [" << r << ", " << c << "], got " << fused(r, c) << ", unfused "
+                           << want(r, c);
+    EXPECT_LT(gap_own, 0.1f * gap_other) << name << ": max |fused - unfused| " << gap_own
+                                         << " with its own activation, " << gap_other << " with the other";
+  };
+  {
+    nn::PerceiverFFN<float> ffn(d, 4 * d, 1e-5);
+    check("PerceiverFFN (gelu_erf)", ffn, "ffd.1.weight", ffn.up, ffn.down, Activation::gelu_erf,
+          [&](Matrix<float>& y) { ffn.forward(ctx, x, y); });
+  }
+  {
+    nn::GeluMLP<float> mlp(d, 4 * d);
+    check("GeluMLP (gelu_tanh)", mlp, "0.weight", mlp.fc1, mlp.fc2, Activation::gelu_tanh,
+          [&](Matrix<float>& y) { mlp.forward(ctx, x, y); });
+  }
+  {
+    nn::GPT2MLP<float> mlp(d, 4 * d, Role::frozen);
+    check("GPT2MLP (gelu_tanh)", mlp, "c_fc.weight", mlp.c_fc, mlp.c_proj, Activation::gelu_tanh,
+          [&](Matrix<float>& y) { mlp.forward(ctx, x, y); });
+  }
+}
+
 // Attention's bf16 products (gemm_bf16) on fixed-shape primitives: alpha and beta are
 // baked into each primitive and part of its cache key, dense operands get oneDNN's
 // blocked (AMX) kernels and strided ones its GEMM inside the same primitive. Every
