@@ -34,6 +34,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -660,6 +661,33 @@ TEST(PackedWeights, Bf16HalvesTheResidentBytesWhereBf16KernelsRun) {
   else  // bf16-rounded values on fp32 kernels
     EXPECT_EQ(bf16.bytes(), fp32.bytes()) << bf16.kernel();
 }
+
+#if defined(LDLM_HAVE_ONEDNN)
+// The fused forms of a packed product (the MLPs' activated first product, the gated
+// residual add of attn_out and fc2) are only worth having on the plain product's
+// kernel: oneDNN takes a post-op chain its blocked kernel cannot run to a slower
+// implementation, silently. Every ldlm-base weight shape, at one row and at many.
+TEST(PackedWeights, FusedProductsRunOnThePlainProductsKernel) {
+  if (gemm_backend() != GemmBackend::onednn || !bf16_operands_native())
+    GTEST_SKIP() << "no oneDNN bf16 kernel: the products are not fused";
+  namespace dd = ldlm::detail::onednn;
+  const std::array<std::array<Index, 2>, 4> out_in = {{{768, 768}, {3 * 768, 768}, {3072, 768}, {768, 3072}}};
+  for (const auto& [N, K] : out_in) {
+    const dd::memory::desc weights = dd::packed_weight_desc(N, K, dd::memory::data_type::bf16);
+    for (const Index M : {Index(1), Index(40), Index(1024)}) {
+      const std::string plain = dd::packed_matmul(weights, M, true).kernel;
+      std::ostringstream where;
+      where << "[" << M << ", " << K << "] x [" << K << ", " << N << "]";
+      EXPECT_TRUE(dd::bf16_instructions(plain)) << where.str() << ": " << plain;
+      EXPECT_EQ(dd::packed_matmul(weights, M, true, Activation::none, /*gated=*/true).kernel, plain) << where.str();
+      EXPECT_EQ(dd::packed_matmul(weights, M, false, Activation::none, /*gated=*/true).kernel, plain) << where.str();
+      for (const Activation activation : {Activation::gelu_tanh, Activation::gelu_erf})
+        EXPECT_EQ(dd::packed_matmul(weights, M, true, activation).kernel, plain)
+            << where.str() << ", activation " << static_cast<int>(activation);
+    }
+  }
+}
+#endif
 
 TEST(PackedWeights, PackingReleasesThePlainValuesWithAClearError) {
   nn::Linear<float> layer(8, 4, true);

@@ -53,10 +53,8 @@ void attend_qkv(Context& ctx, const AttentionModuleConfig& config, Precision pre
   }
   const Index stride = 3 * d;
   const HeadRows<S> q{qkv.data(), stride}, k{qkv.data() + d, stride}, v{qkv.data() + 2 * d, stride};
-  if constexpr (std::is_same_v<Out, bf16>)
-    attention(ctx, q, k, v, a, d, config.shape(B, T, T), config.kernel_options(precision));
-  else
-    attention<S>(ctx, q, k, v, a, d, config.shape(B, T, T), config.kernel_options(precision));
+  // float or double rows: attention<S>; bf16 rows: the overload that rounds them.
+  attention(ctx, q, k, v, a, d, config.shape(B, T, T), config.kernel_options(precision));
 }
 }  // namespace detail
 
