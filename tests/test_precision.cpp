@@ -594,17 +594,14 @@ TEST(Bf16Gemm, EachMlpFusesItsOwnActivation) {
     };
     const Activation other = own == Activation::gelu_tanh ? Activation::gelu_erf : Activation::gelu_tanh;
     const Matrix<float> want = unfused(own), wrong = unfused(other);
-    auto ratio = [](const Matrix<float>& got, const Matrix<float>& reference) -> Eigen::ArrayXXf {
-      return (got - reference).array().abs() / (1e-6f + reference.array().abs() / 128.0f);
-    };
+    constexpr Tolerance kOneBf16Ulp{1e-6, 1.0 / 128};
     for (const auto& [form, forward] : forms) {
       Matrix<float> fused = Matrix<float>::Zero(rows, d);
       forward(fused);
-      Index r = 0, c = 0;
-      EXPECT_LE(ratio(fused, want).maxCoeff(&r, &c), 1.0f)
-          << name << ", " << form << ": worst at [" << r << ", " << c << "], got " << fused(r, c) << ", unfused "
-          << want(r, c) << " (the other GELU: " << wrong(r, c) << ")";
-      EXPECT_GT(ratio(fused, wrong).maxCoeff(), 1.0f) << name << ", " << form << ": the other GELU passes too";
+      const std::string what = std::string(name) + ", " + form;
+      EXPECT_TRUE(ldlm::test::all_close(what, fused.data(), want.data(), Shape{rows, d}, kOneBf16Ulp));
+      EXPECT_FALSE(ldlm::test::all_close(what + " against the other GELU", fused.data(), wrong.data(), Shape{rows, d},
+                                         kOneBf16Ulp));
     }
   };
   {
