@@ -64,9 +64,21 @@ TORCH_VARIANTS = {
                       "GLIBC_TUNABLES": BEST_GLIBC_TUNABLES}, ("OPENBLAS_L2_SIZE",)),
     "avx512+omp-active": ({"ATEN_CPU_CAPABILITY": "avx512", "OMP_WAIT_POLICY": "ACTIVE",
                            "GLIBC_TUNABLES": BEST_GLIBC_TUNABLES}, ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")),
+    # OpenBLAS's own choice of core, where it knows the CPU (an AMD EPYC Zen 1: "Zen").
+    "avx2": ({"ATEN_CPU_CAPABILITY": "avx2", "GLIBC_TUNABLES": BEST_GLIBC_TUNABLES},
+             ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")),
+    "avx2+omp-active": ({"ATEN_CPU_CAPABILITY": "avx2", "OMP_WAIT_POLICY": "ACTIVE",
+                         "GLIBC_TUNABLES": BEST_GLIBC_TUNABLES}, ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")),
     "ambient": ({}, ()),
 }
-DEFAULT_TORCH_VARIANTS = ("avx512", "avx512+SkylakeX", "avx2+Haswell", "avx512+omp-active")
+# The /proc/cpuinfo flags a variant's instructions need: PyTorch's AVX512 kernels and
+# OpenBLAS's SkylakeX core die on SIGILL without AVX-512 (seen on an AMD EPYC Zen 1).
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+AVX2_FLAGS = ("avx2", "fma")
+TORCH_VARIANT_NEEDS = {name: AVX512_FLAGS if name.startswith("avx512") else AVX2_FLAGS if name.startswith("avx2")
+                       else () for name in TORCH_VARIANTS}
+DEFAULT_TORCH_VARIANTS_AVX512 = ("avx512", "avx512+SkylakeX", "avx2+Haswell", "avx512+omp-active")
+DEFAULT_TORCH_VARIANTS_AVX2 = ("avx2", "avx2+Haswell", "avx2+omp-active")
 PRECISIONS = ("fp32", "bf16")
 # Issue 11's targets (denoiser forward, B = 1, T = 1024).
 TARGET_T = 1024
@@ -106,6 +118,31 @@ def proc_cpu_model() -> str:
     except OSError:
         pass
     return "unknown CPU"
+
+
+def proc_cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def runnable_variants(variants: list, flags: set) -> list:
+    """The variants whose instructions this CPU has; the others are named and left out."""
+    runnable = [v for v in variants if all(f in flags for f in TORCH_VARIANT_NEEDS[v])]
+    for v in variants:
+        if v not in runnable:
+            log(f"compare.py: PyTorch variant {v} left out: this CPU lacks "
+                + ", ".join(f for f in TORCH_VARIANT_NEEDS[v] if f not in flags))
+    return runnable
+
+
+def default_variants(flags: set) -> tuple:
+    return DEFAULT_TORCH_VARIANTS_AVX512 if all(f in flags for f in AVX512_FLAGS) else DEFAULT_TORCH_VARIANTS_AVX2
 
 
 def cpu_name(context: dict) -> str:
@@ -302,6 +339,12 @@ def amx_ran(ctx: dict) -> bool:
     return "amx" in ctx.get("ldlm_bf16_linear", "")
 
 
+def bf16_instructions_ran(ctx: dict) -> bool:
+    """Whether ldlm's bf16 products ran on bf16 instructions, not on fp32 kernels."""
+    linear = ctx.get("ldlm_bf16_linear", "")
+    return "widened" not in linear and "rounded" not in linear
+
+
 def bf16_peak_name(ctx: dict) -> str:
     """The peak of the instructions ldlm's bf16 products ran: AMX tiles or vdpbf16ps."""
     return "peak_amx_bf16" if amx_ran(ctx) else "peak_dot_bf16"
@@ -397,10 +440,14 @@ def targets(rows: list, mem: dict | None, ctx: dict) -> list:
                 continue
             lines.append(f"| bf16 with AMX ≥ {want}× PyTorch autocast-bf16 best | {r['threads']} | "
                          f"{fmt(v, '.2f', '×')} | {mark(None if v is None else v >= want)} |")
-        else:
+        elif bf16_instructions_ran(ctx):
             v = r["ldlm_fp32_over_ldlm_bf16"]
             lines.append(f"| bf16 ≥ {TARGET_BF16_VS_FP32}× ldlm fp32 (no AMX) | {r['threads']} | "
                          f"{fmt(v, '.2f', '×')} | {mark(None if v is None else v >= TARGET_BF16_VS_FP32)} |")
+        else:
+            v = r["ldlm_fp32_over_ldlm_bf16"]
+            lines.append(f"| bf16 / ldlm fp32, no bf16 instructions (fp32 kernels; no target) | {r['threads']} | "
+                         f"{fmt(v, '.2f', '×')} | — |")
     if mem:
         lines.append(f"| generate --length {mem['length']}: bf16 peak RSS ≤ {TARGET_RSS_RATIO}× fp32 | "
                      f"{mem['threads'] or 'all'} | {mem['ratio']:.3f} | {mark(mem['ratio'] <= TARGET_RSS_RATIO)} |")
@@ -534,9 +581,11 @@ def main() -> None:
     parser.add_argument("--min-time", type=float, default=None, help="ldlm --benchmark_min_time (seconds)")
     parser.add_argument("--torch-budget", type=float, default=2.0, help="seconds of timed PyTorch calls per case")
     parser.add_argument("--torch-min-reps", type=int, default=3)
-    parser.add_argument("--torch-variants", default=",".join(DEFAULT_TORCH_VARIANTS),
-                        help="comma-separated, or 'all' (adds 'ambient'); one name skips the screening. "
-                        "Known: " + ", ".join(TORCH_VARIANTS))
+    parser.add_argument("--torch-variants", default=None,
+                        help="comma-separated, or 'all' (adds 'ambient'); one name skips the screening. Default: "
+                        + ", ".join(DEFAULT_TORCH_VARIANTS_AVX512) + " on a CPU with AVX-512, else "
+                        + ", ".join(DEFAULT_TORCH_VARIANTS_AVX2) + ". Variants whose instructions the CPU lacks "
+                        "are left out. Known: " + ", ".join(TORCH_VARIANTS))
     parser.add_argument("--screen-T", type=int, default=256, help="T of the variant screening")
     parser.add_argument("--screen-budget", type=float, default=1.0)
     parser.add_argument("--memory-length", type=int, default=1024)
@@ -557,10 +606,19 @@ def main() -> None:
         sys.exit(f"compare.py: no ldlm_bench at {bench} (cmake --build {args.build} --target ldlm_bench)")
     if not args.no_memory and not os.access(tool, os.X_OK):
         sys.exit(f"compare.py: no ldlm tool at {tool} (cmake --build {args.build} --target ldlm_cli), or --no-memory")
-    variants = list(TORCH_VARIANTS) if args.torch_variants == "all" else parse_list(args.torch_variants, str)
+    flags = proc_cpu_flags()
+    if args.torch_variants is None:
+        variants = list(default_variants(flags))
+    elif args.torch_variants == "all":
+        variants = list(TORCH_VARIANTS)
+    else:
+        variants = parse_list(args.torch_variants, str)
     for v in variants:
         if v not in TORCH_VARIANTS:
             sys.exit(f"compare.py: unknown --torch-variants entry {v!r}; known: {', '.join(TORCH_VARIANTS)}")
+    variants = runnable_variants(variants, flags)
+    if not variants:
+        sys.exit("compare.py: no PyTorch variant of --torch-variants runs on this CPU")
     Ts, threads = parse_list(args.T), parse_list(args.threads)
     t_alt, n_alt = "|".join(map(str, Ts)), "|".join(map(str, threads))
 

@@ -89,14 +89,25 @@ TEST(Bf16Conversion, VectorPathEqualsScalarRoundingBitForBit) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<std::uint32_t> bits;
   for (int i = 0; i < 4000; ++i) x.push_back(std::bit_cast<float>(bits(rng)));
-  std::vector<bf16> vec(x.size());
-  to_bf16(x.data(), static_cast<std::int64_t>(x.size()), vec.data());
-  std::vector<float> rounded(x.size());
-  round_to_bf16(x.data(), static_cast<std::int64_t>(x.size()), rounded.data());
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    ASSERT_EQ(static_cast<std::uint16_t>(vec[i]), static_cast<std::uint16_t>(float_to_bf16(x[i])))
-        << "x = " << x[i] << " (bits " << std::hex << std::bit_cast<std::uint32_t>(x[i]) << ")";
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(rounded[i]), std::bit_cast<std::uint32_t>(round_to_bf16(x[i]))) << i;
+  // The dispatched conversions, and each vector kernel this CPU has.
+  using ToBf16 = void (*)(const float*, std::int64_t, bf16*, float);
+  using RoundToBf16 = void (*)(const float*, std::int64_t, float*, float);
+  std::vector<std::tuple<const char*, ToBf16, RoundToBf16>> kernels = {{"dispatched", to_bf16, round_to_bf16}};
+#if defined(LDLM_HAVE_X86_KERNELS)
+  if (cpu_features().avx2) kernels.emplace_back("avx2", detail::to_bf16_avx2, detail::round_to_bf16_avx2);
+  if (cpu_features().avx512bw) kernels.emplace_back("avx512", detail::to_bf16_avx512, detail::round_to_bf16_avx512);
+#endif
+  for (const auto& [name, convert, round] : kernels) {
+    std::vector<bf16> vec(x.size());
+    convert(x.data(), static_cast<std::int64_t>(x.size()), vec.data(), 1.0f);
+    std::vector<float> rounded(x.size());
+    round(x.data(), static_cast<std::int64_t>(x.size()), rounded.data(), 1.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(static_cast<std::uint16_t>(vec[i]), static_cast<std::uint16_t>(float_to_bf16(x[i])))
+          << name << ": x = " << x[i] << " (bits " << std::hex << std::bit_cast<std::uint32_t>(x[i]) << ")";
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(rounded[i]), std::bit_cast<std::uint32_t>(round_to_bf16(x[i])))
+          << name << ": " << i;
+    }
   }
   // Round to nearest, ties to even; NaN stays NaN; subnormals are kept, not flushed.
   EXPECT_EQ(static_cast<std::uint16_t>(float_to_bf16(1.00390625f)), 0x3f80);  // 1 + 2^-8 ties down to 1
@@ -322,7 +333,6 @@ TEST(Bf16Gemm, ActivatedProductsWriteEachActivationInBf16AndBf16InputsMultiplyAs
 // pads to 96, so a block found at n0 · K instead of n0 · 96 shows; N = 337 ends in a
 // partial block; M = 3 goes through scratch, M = 1 does not; a bias shifted by a block shows.
 TEST(Bf16Gemm, FewRowsSplitByColumnBlocksMatchOneThread) {
-  if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel";
   constexpr Index K = 80, N = 337;
   const PackedMatrix packed = PackedMatrix::pack(Matrix<float>::Random(N, K), WeightLayout::out_in, Precision::bf16);
   if (packed.column_block() == 0) GTEST_SKIP() << packed.kernel() << " packs no column blocks";
@@ -347,7 +357,7 @@ TEST(Bf16Gemm, FewRowsSplitByColumnBlocksMatchOneThread) {
   const Matrix<float> x = Matrix<float>::Zero(1, K);
   EXPECT_THAT(ldlm::test::error_of<InvalidArgument>(
                   [&] { packed.multiply_columns(x.data(), K, 1, nullptr, 32, 64, y.data(), N, scratch.data()); }),
-              HasSubstr("columns [32, 96) of 337 are not whole blocks of 64"));
+              HasSubstr("columns [32, 96) of 337 are not whole blocks of " + std::to_string(packed.column_block())));
 }
 
 // A gated residual's product on bf16 kernels adds gate ⊙ (x · W + b) to the residual
@@ -673,15 +683,67 @@ TEST(Bf16Gemm, FixedShapeProductsMatchDoubleForEveryLayoutStrideAlphaAndBeta) {
   }
 }
 
-TEST(PackedWeights, Bf16HalvesTheResidentBytesWhereBf16KernelsRun) {
+// On bf16 kernels and on fp32 kernels alike (widened blocks): the memory target of
+// the bf16 mode holds on every CPU.
+TEST(PackedWeights, Bf16HalvesTheResidentBytesOnEveryPath) {
   const Matrix<float> w = Matrix<float>::Random(768, 3072);
   const auto fp32 = PackedMatrix::pack(w, WeightLayout::out_in, Precision::fp32);
   const auto bf16 = PackedMatrix::pack(w, WeightLayout::out_in, Precision::bf16);
   EXPECT_GE(fp32.bytes(), std::size_t(768) * 3072 * 4);
-  if (bf16_operands_native())
-    EXPECT_LE(bf16.bytes(), std::size_t(768) * 3072 * 2 + 4096) << bf16.kernel();
-  else  // bf16-rounded values on fp32 kernels
-    EXPECT_EQ(bf16.bytes(), fp32.bytes()) << bf16.kernel();
+  EXPECT_LE(bf16.bytes(), std::size_t(768) * 3072 * 2 + 4096) << bf16.kernel();
+  EXPECT_EQ(bf16.widened(), !bf16_operands_native()) << bf16.kernel();
+}
+
+// Without bf16 kernels a bf16 weight stays in bf16 and each block of its columns is
+// widened right before the fp32 kernels multiply it: the product is the fp32 one of
+// the bf16-rounded weight and input, up to summation order (rtol 1e-5, atol 1e-5 for
+// sums near zero of K terms of order 1). Both layouts; K = 70 and N = 600, three
+// blocks, the last one partial, so a block found at the wrong offset shows; a square
+// 300 x 300 weight, where a transposed block would still fit; row strides wider than
+// the rows; with and without bias; every row count from 1 to 40 that the threads
+// split by rows or by column blocks. (Planted: every block of a product read from
+// the first block of its range, and the out_in weight read as in_out; both fail.)
+TEST(PackedWeights, WidenedBf16WeightsMultiplyAsTheRoundedFp32Product) {
+  const Matrix<float> probe = Matrix<float>::Random(8, 8);
+  if (!PackedMatrix::pack(probe, WeightLayout::out_in, Precision::bf16).widened())
+    GTEST_SKIP() << "bf16 runs on bf16 kernels here; ldlm_path_avx2 and ldlm_path_eigen take this path";
+  struct Case {
+    Index K, N;
+    WeightLayout layout;
+  };
+  for (const Case c : {Case{70, 600, WeightLayout::out_in}, Case{70, 600, WeightLayout::in_out},
+                       Case{300, 300, WeightLayout::out_in}, Case{300, 300, WeightLayout::in_out}}) {
+    const bool out_in = c.layout == WeightLayout::out_in;
+    const Matrix<float> w = Matrix<float>::Random(out_in ? c.N : c.K, out_in ? c.K : c.N);
+    Matrix<float> w_rounded = w;
+    round_to_bf16(w_rounded.data(), w_rounded.size(), w_rounded.data());
+    const PackedMatrix widened = PackedMatrix::pack(w, c.layout, Precision::bf16);
+    const PackedMatrix reference = PackedMatrix::pack(w_rounded, c.layout, Precision::fp32);
+    ASSERT_TRUE(widened.widened());
+    EXPECT_EQ(widened.column_block(), PackedMatrix::kWidenedBlock);
+    const Matrix<float> bias_row = Matrix<float>::Random(1, c.N);
+    for (const bool with_bias : {false, true})
+      for (const Index M : {1, 3, 40})
+        for (const int threads : {1, 2}) {
+          const Matrix<float> x_wide = Matrix<float>::Random(M, c.K + 5);
+          const ConstMatRef<float> x = x_wide.leftCols(c.K);
+          Matrix<float> x_rounded = x;
+          round_to_bf16(x_rounded.data(), x_rounded.size(), x_rounded.data());
+          Matrix<float> got_wide = Matrix<float>::Constant(M, c.N + 3, 7.0f), want(M, c.N);
+          MatRef<float> got = got_wide.leftCols(c.N);
+          const float* bias = with_bias ? bias_row.data() : nullptr;
+          Context ctx(threads);
+          linear(ctx, x, widened, bias, got);
+          linear(ctx, x_rounded, reference, bias, want);
+          const Eigen::ArrayXXf ratio = (got - want).array().abs() / (1e-5f + 1e-5f * want.array().abs());
+          Index r = 0, col = 0;
+          EXPECT_LE(ratio.maxCoeff(&r, &col), 1.0f)
+              << "K " << c.K << ", N " << c.N << (out_in ? " [out, in]" : " [in, out]") << ", M " << M << ", "
+              << threads << " threads" << (with_bias ? ", bias" : "") << ": worst at [" << r << ", " << col
+              << "], got " << got(r, col) << ", reference " << want(r, col);
+          EXPECT_TRUE((got_wide.rightCols(3).array() == 7.0f).all()) << "wrote past the row";
+        }
+  }
 }
 
 #if defined(LDLM_HAVE_ONEDNN)

@@ -109,6 +109,56 @@ __attribute__((target("avx512f"))) inline void round_to_bf16_avx512(const float*
                                 bf16_high_bits_avx512(scaled_values_avx512(x + i, factor, scale_values)), high_half)));
   for (; i < n; ++i) y[i] = round_to_bf16(scaled_value(x[i], scale));
 }
+
+/// The same two conversions on AVX2, 8 lanes at a time, bit for bit float_to_bf16's.
+__attribute__((target("avx2"))) inline __m256i bf16_high_bits_avx2(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+}
+
+__attribute__((target("avx2"))) inline __m256 scaled_values_avx2(const float* x, __m256 factor, bool scale_values) {
+  const __m256 v = _mm256_loadu_ps(x);
+  return scale_values ? _mm256_mul_ps(factor, v) : v;
+}
+
+__attribute__((target("avx2"))) inline void to_bf16_avx2(const float* x, std::int64_t n, bf16* y, float scale) {
+  const bool scale_values = scale != 1.0f;
+  const __m256 factor = _mm256_set1_ps(scale);
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i low = _mm256_srli_epi32(bf16_high_bits_avx2(scaled_values_avx2(x + i, factor, scale_values)), 16);
+    const __m256i high =
+        _mm256_srli_epi32(bf16_high_bits_avx2(scaled_values_avx2(x + i + 8, factor, scale_values)), 16);
+    // packus works within 128-bit lanes: [low 0-3, high 0-3, low 4-7, high 4-7], reordered.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xd8));
+  }
+  for (; i < n; ++i) y[i] = float_to_bf16(scaled_value(x[i], scale));
+}
+
+__attribute__((target("avx2"))) inline void round_to_bf16_avx2(const float* x, std::int64_t n, float* y,
+                                                               float scale) {
+  const bool scale_values = scale != 1.0f;
+  const __m256 factor = _mm256_set1_ps(scale);
+  const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_and_si256(
+                                bf16_high_bits_avx2(scaled_values_avx2(x + i, factor, scale_values)), high_half)));
+  for (; i < n; ++i) y[i] = round_to_bf16(scaled_value(x[i], scale));
+}
+
+/// bf16 to float, 8 lanes at a time: a zero extension and a shift, exact.
+__attribute__((target("avx2"))) inline void bf16_to_float_avx2(const bf16* x, std::int64_t n, float* y) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))), 16)));
+  for (; i < n; ++i) y[i] = bf16_to_float(x[i]);
+}
 #endif
 }  // namespace detail
 
@@ -118,14 +168,24 @@ __attribute__((target("avx512f"))) inline void round_to_bf16_avx512(const float*
 inline void to_bf16(const float* x, std::int64_t n, bf16* y, float scale = 1.0f) {
 #if defined(LDLM_HAVE_X86_KERNELS)
   if (cpu_features().avx512bw) return detail::to_bf16_avx512(x, n, y, scale);
+  if (cpu_features().avx2) return detail::to_bf16_avx2(x, n, y, scale);
 #endif
   for (std::int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(detail::scaled_value(x[i], scale));
+}
+
+/// y[i] = bf16_to_float(x[i]), exact. y must not overlap x.
+inline void bf16_to_float(const bf16* x, std::int64_t n, float* y) {
+#if defined(LDLM_HAVE_X86_KERNELS)
+  if (cpu_features().avx2) return detail::bf16_to_float_avx2(x, n, y);
+#endif
+  for (std::int64_t i = 0; i < n; ++i) y[i] = bf16_to_float(x[i]);
 }
 
 /// y[i] = round_to_bf16(x[i] · scale), as to_bf16; y may be x.
 inline void round_to_bf16(const float* x, std::int64_t n, float* y, float scale = 1.0f) {
 #if defined(LDLM_HAVE_X86_KERNELS)
   if (cpu_features().avx512f) return detail::round_to_bf16_avx512(x, n, y, scale);
+  if (cpu_features().avx2) return detail::round_to_bf16_avx2(x, n, y, scale);
 #endif
   for (std::int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(detail::scaled_value(x[i], scale));
 }

@@ -483,13 +483,10 @@ class PackedMatrix {
     p.n_ = layout == WeightLayout::out_in ? w.rows() : w.cols();
     p.k_ = layout == WeightLayout::out_in ? w.cols() : w.rows();
     p.bf16_operands_ = precision == Precision::bf16 && bf16_operands_native();
-    // bf16 on fp32 kernels multiplies operands rounded to bf16.
-    const bool round = precision == Precision::bf16 && !p.bf16_operands_;
-    auto rounded_copy = [&] {
-      Matrix<float> values = w;
-      if (round) round_to_bf16(values.data(), values.size(), values.data());
-      return values;
-    };
+    if (precision == Precision::bf16 && !p.bf16_operands_) {
+      p.pack_widened(w, layout);
+      return p;
+    }
 #if defined(LDLM_HAVE_ONEDNN)
     if (gemm_backend() == GemmBackend::onednn && p.n_ > 0 && p.k_ > 0) {
       namespace dd = detail::onednn;
@@ -500,8 +497,8 @@ class PackedMatrix {
       // at ldlm-base width, and loading would briefly hold three of it.
       Matrix<float> copy;
       const float* source = w.data();
-      if (round || w.outerStride() != w.cols()) {
-        copy = rounded_copy();
+      if (w.outerStride() != w.cols()) {
+        copy = w;
         source = copy.data();
       }
       // As a [K, N] matrix, nn.Linear's row-major [N, K] is column-major ("ba").
@@ -519,7 +516,7 @@ class PackedMatrix {
       return p;
     }
 #endif
-    Matrix<float> values = rounded_copy();
+    Matrix<float> values = w;
     if (layout == WeightLayout::out_in) values.transposeInPlace();  // Eigen multiplies by [K, N]
     p.bf16_operands_ = false;  // (K = 0 on oneDNN: the plain path neither writes bf16 nor gates)
     p.plain_ = std::make_shared<const Matrix<float>>(std::move(values));
@@ -541,20 +538,32 @@ class PackedMatrix {
 
   /// Scratch bytes multiply() needs for M rows.
   std::size_t scratch_bytes(Index M) const {
-    return static_cast<std::size_t>(M) * static_cast<std::size_t>(k_ + n_) * sizeof(float) + 128;
+    const std::size_t widened = widened_block_ > 0 ? static_cast<std::size_t>(k_ * widened_block_) * sizeof(float) : 0;
+    return static_cast<std::size_t>(M) * static_cast<std::size_t>(k_ + n_) * sizeof(float) + widened + 128;
   }
+
+  /// Columns per block of a bf16 weight widened block by block (widened()).
+  static constexpr Index kWidenedBlock = 256;
+  /// Whether this bf16 weight is held in bf16 and multiplied by fp32 kernels: each
+  /// block of kWidenedBlock columns is widened to fp32 in scratch right before its
+  /// product. That is how a CPU without bf16 instructions (or the Eigen backend)
+  /// keeps bf16 weights resident, half the memory, at the fp32 kernels' speed:
+  /// widening costs K·N element copies per product against M·K·N FMAs.
+  bool widened() const { return widened_block_ > 0; }
 
   /// y[M, N] = x[M, K] · W (+ bias[N]); x and y row-major with row strides ldx, ldy;
   /// y must not overlap x. `scratch` holds scratch_bytes(M), 64-byte aligned.
   /// Runs on the calling thread only.
   void multiply(const float* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
     if (M == 0 || n_ == 0) return;
+    if (widened()) return multiply_widened(static_cast<const float*>(operand(x, ldx, M, scratch)), M, bias, 0, n_, y, ldy, scratch);
     multiply_into(operand(x, ldx, M, scratch), M, bias, y, ldy, scratch);
   }
 
   /// Where a product may be cut into blocks of output columns (multiply_columns), or
   /// 0: each block of this many columns of the packed weight is one contiguous
-  /// [K, block] weight of the same layout (oneDNN's BA16a64b2a for bf16 kernels).
+  /// [K, block] weight of the same layout (oneDNN's BA16a64b2a for bf16 kernels, or
+  /// a widened weight's blocks).
   Index column_block() const { return column_block_; }
 
   /// y[M, n0 : n0 + cols] = x[M, K] · W[:, n0 : n0 + cols] (+ bias[n0 : n0 + cols]),
@@ -572,6 +581,7 @@ class PackedMatrix {
                             std::to_string(n0 + cols) + ") of " + std::to_string(n_) + " are not whole blocks of " +
                             std::to_string(column_block_));
     if (M == 0 || cols == 0) return;
+    if (widened()) return multiply_widened(static_cast<const float*>(operand(x, ldx, M, scratch)), M, bias, n0, n0 + cols, y, ldy, scratch);
 #if defined(LDLM_HAVE_ONEDNN)
     namespace dd = detail::onednn;
     const dd::memory::desc block({k_, cols}, dd::memory::data_type::bf16, dd::memory::format_tag::BA16a64b2a);
@@ -651,6 +661,49 @@ class PackedMatrix {
     std::shared_ptr<std::byte> data_;
     std::size_t size_ = 0;
   };
+
+  /// Holds w in bf16, as consecutive dense [K, cols] blocks of kWidenedBlock columns
+  /// (the last one narrower), ready to be widened one block at a time.
+  void pack_widened(ConstMatRef<float> w, WeightLayout layout) {
+    widened_block_ = column_block_ = kWidenedBlock;
+    storage_ = Storage(static_cast<std::size_t>(n_ * k_) * sizeof(bf16));
+    bf16* const out = reinterpret_cast<bf16*>(storage_.data());
+    for (Index n0 = 0; n0 < n_; n0 += kWidenedBlock) {
+      const Index cols = std::min(kWidenedBlock, n_ - n0);
+      bf16* const block = out + n0 * k_;
+      if (layout == WeightLayout::in_out) {
+        for (Index k = 0; k < k_; ++k) to_bf16(w.data() + k * w.outerStride() + n0, cols, block + k * cols);
+      } else {
+        for (Index c = 0; c < cols; ++c)
+          for (Index k = 0; k < k_; ++k) block[k * cols + c] = float_to_bf16(w(n0 + c, k));
+      }
+    }
+    kernel_ = "eigen";
+#if defined(LDLM_HAVE_ONEDNN)
+    if (gemm_backend() == GemmBackend::onednn)
+      kernel_ = detail::onednn::runtime_matmul(detail::onednn::memory::data_type::f32, false, 0.0f).kernel;
+#endif
+    kernel_ += " on bf16 weights widened per " + std::to_string(kWidenedBlock) + " columns";
+  }
+
+  /// y[M, n0 : n1] (row stride ldy) = a · W[:, n0 : n1] (+ bias) for the dense M x K
+  /// operand a, n0 and n1 on block boundaries (or n1 = N): each block widened into
+  /// scratch after a's copy there (M · K floats, see operand), then multiplied by
+  /// the fp32 kernels.
+  void multiply_widened(const float* a, Index M, const float* bias, Index n0, Index n1, float* y, Index ldy,
+                        std::byte* scratch) const {
+    const Index a_floats = (M * k_ + 15) / 16 * 16;  // the block starts on a cache line
+    float* const block = reinterpret_cast<float*>(scratch) + a_floats;
+    const bf16* const weights = reinterpret_cast<const bf16*>(storage_.data());
+    const ConstMatrixMap<float> x(a, M, k_);
+    for (Index c0 = n0; c0 < n1; c0 += widened_block_) {
+      const Index cols = std::min(widened_block_, n_ - c0);
+      bf16_to_float(weights + c0 * k_, k_ * cols, block);
+      StridedMap<float> out(y + c0, M, cols, Eigen::OuterStride<>(ldy));
+      if (bias) out.rowwise() = ConstRowVectorMap<float>(bias + c0, cols);
+      gemm<float>(x, ConstMatrixMap<float>(block, k_, cols), false, 1.0f, bias ? 1.0f : 0.0f, out);
+    }
+  }
 
   /// The preconditions of multiply_activated; true, or throws.
   bool require_activation(Activation activation) const {
@@ -736,9 +789,10 @@ class PackedMatrix {
   Index n_ = 0, k_ = 0;
   bool bf16_operands_ = false;
   Index column_block_ = 0;
+  Index widened_block_ = 0;
   std::string kernel_;
   std::shared_ptr<const Matrix<float>> plain_;  // [K, N]: the eigen backend
-  Storage storage_;                             // oneDNN's layout
+  Storage storage_;                             // oneDNN's layout, or widened()'s blocks
 #if defined(LDLM_HAVE_ONEDNN)
   detail::onednn::memory::desc desc_;
 #endif

@@ -2,16 +2,18 @@
 // shifted by the row's maximum and exponentiated in place.
 //
 // A row of scores at T = 1024 is 4 KB, but a tile of them (ops/attention.hpp) is
-// larger than L2, so every pass over a row costs a trip to L3. The AVX-512 kernel
-// makes two passes (cap and maximum, then exponential and sum) where the generic
-// Eigen expressions make four, and skips the exponential inside tanh for the lanes
-// where a polynomial is exact enough, which with softcap c = 50 is nearly all.
-// Both compute the same function to about 2 ulp; which one runs depends only on
-// the CPU (and the scalar type), never on the row's address or the worker.
+// larger than L2, so every pass over a row costs a trip to L3. The AVX-512 and AVX2
+// kernels make two passes (cap and maximum, then exponential and sum), and skip the
+// exponential inside tanh for the lanes where a polynomial is exact enough, which
+// with softcap c = 50 is nearly all. The generic kernel (other CPUs, other scalar
+// types) is the definition one element at a time. All compute the same function to
+// about 2 ulp; which one runs depends only on the CPU (and the scalar type), never
+// on the row's address or the worker.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -28,13 +30,20 @@ namespace ldlm {
 
 namespace detail {
 
-/// The definition, in Eigen's vector expressions (any scalar type, any CPU).
+/// The definition, one element at a time (any scalar type, any CPU). Not Eigen's
+/// vector expressions: those peel elements up to an aligned address and compute
+/// them with the scalar functions, so an element's value would depend on where the
+/// row starts (seen with -mavx2 on an AMD EPYC Zen 1).
 template <class S>
 S exp_shifted_capped_generic(S* scores, Index n, S cap) {
-  Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>> row(scores, n);
-  if (cap > S(0)) row = (row / cap).tanh() * cap;
-  row = (row - row.maxCoeff()).exp();
-  return row.sum();
+  S max = -std::numeric_limits<S>::infinity();
+  for (Index j = 0; j < n; ++j) {
+    if (cap > S(0)) scores[j] = std::tanh(scores[j] / cap) * cap;
+    max = std::isnan(scores[j]) ? scores[j] : std::max(max, scores[j]);
+  }
+  S sum = S(0);
+  for (Index j = 0; j < n; ++j) sum += scores[j] = std::exp(scores[j] - max);
+  return sum;
 }
 
 #if defined(LDLM_HAVE_AVX512_SOFTMAX)
@@ -125,6 +134,106 @@ __attribute__((target("avx512f,avx512dq"))) inline float exp_shifted_capped_avx5
   _mm512_store_ps(lanes, sum);
   float total = 0.0f;
   for (float lane : lanes) total += lane;
+  return total;
+}
+
+/// The AVX2 + FMA kernel: exp_shifted_capped_avx512's operations lane for lane, on
+/// each 16 scores as two halves of 8 (whose lanes also sum in the same order).
+/// AVX2 has no vscalefps: exp_avx2 scales by 2^k as 2^⌊k/2⌋ · 2^(k−⌊k/2⌋), two normal
+/// powers of two for every k in [−150, 128], so only the last multiply rounds, as
+/// vscalefps does (to a subnormal, zero or infinity at the ends).
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i ki = _mm256_cvtps_epi32(k);
+  const __m256i k_low = _mm256_srai_epi32(ki, 1), k_high = _mm256_sub_epi32(ki, k_low);
+  auto power_of_two = [](__m256i e) __attribute__((target("avx2"))) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+  };
+  return _mm256_mul_ps(_mm256_mul_ps(p, power_of_two(k_low)), power_of_two(k_high));
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 tanh_avx2(__m256 y) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 a = _mm256_and_ps(y, abs_mask);
+  const __m256 y2 = _mm256_mul_ps(y, y);
+  __m256 p = _mm256_set1_ps(21844.0f / 6081075);
+  p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(-1382.0f / 155925));
+  p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(62.0f / 2835));
+  p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(-17.0f / 315));
+  p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(2.0f / 15));
+  p = _mm256_fmadd_ps(p, y2, _mm256_set1_ps(-1.0f / 3));
+  p = _mm256_mul_ps(p, y2);
+  const __m256 series = _mm256_fmadd_ps(p, y, y);
+  const __m256 large = _mm256_cmp_ps(a, _mm256_set1_ps(0.4f), _CMP_NLT_UQ);  // NaN counts as large
+  if (_mm256_movemask_ps(large) == 0) return series;
+  const __m256 e = exp_avx2(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 magnitude = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+  const __m256 sign = _mm256_andnot_ps(abs_mask, y);
+  return _mm256_blendv_ps(series, _mm256_or_ps(magnitude, sign), large);
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 capped_avx2(__m256 s, float cap) {
+  if (!(cap > 0.0f)) return s;
+  return _mm256_mul_ps(_mm256_set1_ps(cap), tanh_avx2(_mm256_mul_ps(s, _mm256_set1_ps(1.0f / cap))));
+}
+
+__attribute__((target("avx2,fma"))) inline float exp_shifted_capped_avx2(float* scores, Index n, float cap) {
+  const Index full = n / 16 * 16;
+  const Index rest = n - full;
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i tail[2] = {_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rest)), lane),
+                           _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rest) - 8), lane)};
+
+  __m256 max[2] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)};
+  for (Index j = 0; j < full; j += 16)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = capped_avx2(_mm256_loadu_ps(scores + j + 8 * h), cap);
+      _mm256_storeu_ps(scores + j + 8 * h, s);
+      max[h] = _mm256_max_ps(max[h], s);
+    }
+  if (rest)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = capped_avx2(_mm256_maskload_ps(scores + full + 8 * h, tail[h]), cap);
+      _mm256_maskstore_ps(scores + full + 8 * h, tail[h], s);
+      max[h] = _mm256_blendv_ps(max[h], _mm256_max_ps(max[h], s), _mm256_castsi256_ps(tail[h]));
+    }
+  alignas(32) float lanes[16];
+  _mm256_store_ps(lanes, max[0]);
+  _mm256_store_ps(lanes + 8, max[1]);
+  float row_max = lanes[0];
+  for (int l = 1; l < 16; ++l) row_max = std::max(row_max, lanes[l]);
+  const __m256 shift = _mm256_set1_ps(row_max);
+
+  __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (Index j = 0; j < full; j += 16)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + j + 8 * h), shift));
+      _mm256_storeu_ps(scores + j + 8 * h, e);
+      sum[h] = _mm256_add_ps(sum[h], e);
+    }
+  if (rest)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(scores + full + 8 * h, tail[h]), shift));
+      _mm256_maskstore_ps(scores + full + 8 * h, tail[h], e);
+      sum[h] = _mm256_blendv_ps(sum[h], _mm256_add_ps(sum[h], e), _mm256_castsi256_ps(tail[h]));
+    }
+  _mm256_store_ps(lanes, sum[0]);
+  _mm256_store_ps(lanes + 8, sum[1]);
+  float total = 0.0f;
+  for (float l : lanes) total += l;
   return total;
 }
 
@@ -242,8 +351,10 @@ __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16"))) inline void soft
 template <class S>
 S exp_shifted_capped(S* scores, Index n, S cap) {
 #if defined(LDLM_HAVE_AVX512_SOFTMAX)
-  if constexpr (std::is_same_v<S, float>)
+  if constexpr (std::is_same_v<S, float>) {
     if (cpu_features().avx512f && cpu_features().avx512dq) return detail::exp_shifted_capped_avx512(scores, n, cap);
+    if (cpu_features().avx2 && cpu_features().fma) return detail::exp_shifted_capped_avx2(scores, n, cap);
+  }
 #endif
   return detail::exp_shifted_capped_generic(scores, n, cap);
 }
