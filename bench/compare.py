@@ -229,7 +229,7 @@ def run_torch(variant: str, pattern: str, threads: list, precisions: list, budge
     return doc
 
 
-def torch_best(variants: list, case_pattern: str, screen_pattern: str, threads: list, budget: float,
+def torch_best(variants: list, case_patterns: dict, screen_pattern: str, threads: list, budget: float,
                screen_budget: float, min_reps: int) -> tuple[dict, dict, list]:
     """Times every variant on the screen case, then the fastest variant of each
     (threads, precision) on every case. Returns ({(case, threads, precision): best
@@ -263,10 +263,13 @@ def torch_best(variants: list, case_pattern: str, screen_pattern: str, threads: 
         by_variant[v]["precisions"].add(p)
         by_variant[v]["pairs"].add((n, p))
     for v, want in by_variant.items():
-        doc = run_torch(v, case_pattern, sorted(want["threads"]), [p for p in PRECISIONS if p in want["precisions"]],
-                        budget, min_reps)
-        doc["benchmarks"] = [b for b in doc["benchmarks"] if (b["threads"], b["precision"]) in want["pairs"]]
-        add(doc, v)
+        # One run per precision when their cases differ (--torch-bf16-T), else one for both.
+        groups = ([[p for p in PRECISIONS if p in want["precisions"]]] if len(set(case_patterns.values())) == 1
+                  else [[p] for p in PRECISIONS if p in want["precisions"]])
+        for precisions in groups:
+            doc = run_torch(v, case_patterns[precisions[0]], sorted(want["threads"]), precisions, budget, min_reps)
+            doc["benchmarks"] = [b for b in doc["benchmarks"] if (b["threads"], b["precision"]) in want["pairs"]]
+            add(doc, v)
     best = {k: min(rs, key=lambda r: r["ms"]) for k, rs in measured.items()}
     return best, winners, runs
 
@@ -586,6 +589,9 @@ def main() -> None:
                         + ", ".join(DEFAULT_TORCH_VARIANTS_AVX512) + " on a CPU with AVX-512, else "
                         + ", ".join(DEFAULT_TORCH_VARIANTS_AVX2) + ". Variants whose instructions the CPU lacks "
                         "are left out. Known: " + ", ".join(TORCH_VARIANTS))
+    parser.add_argument("--torch-bf16-T", default=None,
+                        help="the T at which PyTorch autocast-bf16 runs (default: --T); where it has no bf16 "
+                        "instructions a call takes minutes at T = 1024")
     parser.add_argument("--screen-T", type=int, default=256, help="T of the variant screening")
     parser.add_argument("--screen-budget", type=float, default=1.0)
     parser.add_argument("--memory-length", type=int, default=1024)
@@ -630,7 +636,10 @@ def main() -> None:
     pattern += ")"
     ldlm = run_ldlm(bench, pattern, args.repetitions, args.min_time)
 
-    torch_cases = f"^denoiser_T/T:({t_alt})$" + ("|^(?!denoiser_T)" if args.all_cases else "")
+    others = "|^(?!denoiser_T)" if args.all_cases else ""
+    torch_cases = {"fp32": f"^denoiser_T/T:({t_alt})$" + others}
+    bf16_t_alt = "|".join(map(str, parse_list(args.torch_bf16_T))) if args.torch_bf16_T else t_alt
+    torch_cases["bf16"] = f"^denoiser_T/T:({bf16_t_alt})$" + others
     screen_case = f"^denoiser_T/T:{args.screen_T}$"
     torch, winners, torch_runs = torch_best(variants, torch_cases, screen_case, threads, args.torch_budget,
                                             args.screen_budget, args.torch_min_reps)

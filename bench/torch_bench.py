@@ -113,11 +113,13 @@ def case_list(threads: int):
 
 
 def time_case(fn, min_reps: int, max_reps: int, budget: float):
-    """Warm-up (at least two calls, at least 0.3 s), then N timed calls: wall and
-    process CPU seconds of each."""
+    """Warm-up (two calls, one when it took 5 s or more, and at least 0.3 s), then N
+    timed calls: wall and process CPU seconds of each. (autocast-bf16 without bf16
+    instructions takes minutes per call at T = 1024: an AMD EPYC Zen 1.)"""
     start = time.perf_counter()
     warmups = 0
-    while warmups < 2 or time.perf_counter() - start < 0.3:
+    last = 0.0
+    while (warmups < 2 and last < 5.0) or time.perf_counter() - start < 0.3:
         t0 = time.perf_counter()
         fn()
         last = time.perf_counter() - t0

@@ -1050,6 +1050,10 @@ TEST(Dispatch, ReportsTheCpuAndTheKernelOfEveryPath) {
   if (const char* expected = std::getenv("LDLM_EXPECT_BF16_NATIVE")) {
     EXPECT_EQ(bf16_operands_native(), std::string(expected) == "1") << paths.bf16_linear;
   }
+  // Without bf16 kernels, bf16 weights stay in bf16 and are widened for fp32 kernels.
+  if (!bf16_operands_native()) {
+    EXPECT_THAT(paths.bf16_linear, HasSubstr("widened"));
+  }
   // Uncapped, bf16 takes the CPU's best instructions in attention as in the linear
   // maps: oneDNN's runtime-shape GEMM (gemm:jit) has no AMX kernel, and ran attention
   // 10x slower.

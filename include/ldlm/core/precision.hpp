@@ -5,8 +5,9 @@
 // activations, attention's QKᵀ and P·V included) and accumulates and returns fp32,
 // while norms, softmax, softcap, rotary, modulation, residuals and the residual
 // stream stay fp32. The product of two bf16 values is exact in fp32, so a bf16
-// product can also run on fp32 kernels over bf16-rounded values with the same result
-// up to summation order: that is how CPUs without bf16 instructions run this mode.
+// product can also run on fp32 kernels over bf16-rounded activations and bf16
+// weights widened to fp32, with the same result up to summation order: that is how
+// CPUs without bf16 instructions run this mode (PackedMatrix::widened).
 #pragma once
 
 #include <bit>
