@@ -133,6 +133,9 @@ def proc_cpu_flags() -> set:
 
 def runnable_variants(variants: list, flags: set) -> list:
     """The variants whose instructions this CPU has; the others are named and left out."""
+    if not flags:
+        log("compare.py: no CPU flags in /proc/cpuinfo; every variant is tried")
+        return variants
     runnable = [v for v in variants if all(f in flags for f in TORCH_VARIANT_NEEDS[v])]
     for v in variants:
         if v not in runnable:

@@ -109,6 +109,20 @@ TEST(Bf16Conversion, VectorPathEqualsScalarRoundingBitForBit) {
           << name << ": " << i;
     }
   }
+  // And back: every bf16 widens to the float of its 16 bits (array form, and AVX2's).
+  std::vector<bf16> all(65536);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = bf16(static_cast<std::uint16_t>(i));
+  std::vector<std::pair<const char*, void (*)(const bf16*, std::int64_t, float*)>> wideners = {
+      {"dispatched", bf16_to_float}};
+#if defined(LDLM_HAVE_X86_KERNELS)
+  if (cpu_features().avx2) wideners.emplace_back("avx2", detail::bf16_to_float_avx2);
+#endif
+  for (const auto& [name, widen] : wideners) {
+    std::vector<float> wide(all.size() + 3);
+    widen(all.data() + 3, static_cast<std::int64_t>(all.size() - 3), wide.data());  // an odd start and a tail
+    for (std::size_t i = 3; i < all.size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(wide[i - 3]), std::uint32_t(i) << 16) << name << ": bf16 bits " << i;
+  }
   // Round to nearest, ties to even; NaN stays NaN; subnormals are kept, not flushed.
   EXPECT_EQ(static_cast<std::uint16_t>(float_to_bf16(1.00390625f)), 0x3f80);  // 1 + 2^-8 ties down to 1
   EXPECT_EQ(static_cast<std::uint16_t>(float_to_bf16(1.01171875f)), 0x3f82);  // 1 + 3·2^-8 ties up
@@ -333,6 +347,8 @@ TEST(Bf16Gemm, ActivatedProductsWriteEachActivationInBf16AndBf16InputsMultiplyAs
 // pads to 96, so a block found at n0 · K instead of n0 · 96 shows; N = 337 ends in a
 // partial block; M = 3 goes through scratch, M = 1 does not; a bias shifted by a block shows.
 TEST(Bf16Gemm, FewRowsSplitByColumnBlocksMatchOneThread) {
+  // (Widened weights split by their 256-column blocks: WidenedBf16WeightsMultiply...)
+  if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel";
   constexpr Index K = 80, N = 337;
   const PackedMatrix packed = PackedMatrix::pack(Matrix<float>::Random(N, K), WeightLayout::out_in, Precision::bf16);
   if (packed.column_block() == 0) GTEST_SKIP() << packed.kernel() << " packs no column blocks";
@@ -700,8 +716,8 @@ TEST(PackedWeights, Bf16HalvesTheResidentBytesOnEveryPath) {
 // sums near zero of K terms of order 1). Both layouts; K = 70 and N = 600, three
 // blocks, the last one partial, so a block found at the wrong offset shows; a square
 // 300 x 300 weight, where a transposed block would still fit; row strides wider than
-// the rows; with and without bias; every row count from 1 to 40 that the threads
-// split by rows or by column blocks. (Planted: every block of a product read from
+// the rows; with and without bias; 1, 3 and 40 rows, which 2 threads split by
+// column blocks (1, 3) or by rows (40). (Planted: every block of a product read from
 // the first block of its range, and the out_in weight read as in_out; both fail.)
 TEST(PackedWeights, WidenedBf16WeightsMultiplyAsTheRoundedFp32Product) {
   const Matrix<float> probe = Matrix<float>::Random(8, 8);

@@ -4,7 +4,8 @@
 //   onednn  oneDNN (Debian libdnnl-dev). It dispatches on CPUID features, never on
 //           the CPU model: AMX and AVX512_BF16 for bf16, AVX-512 or AVX2 for fp32.
 //           Weights are reordered once into the layout its kernels want
-//           (PackedMatrix). Attention's products multiply activations: in fp32
+//           (PackedMatrix); bf16 weights without bf16 kernels stay in bf16 and
+//           are widened block by block for the fp32 GEMM (PackedMatrix::widened). Attention's products multiply activations: in fp32
 //           with its runtime-shape GEMM, reading the heads in place; in bf16 with
 //           fixed-shape primitives on dense per-head copies, which alone get its
 //           blocked kernels (fixed_matmul), or, where those are AMX, with ldlm's
@@ -538,7 +539,8 @@ class PackedMatrix {
 
   /// Scratch bytes multiply() needs for M rows.
   std::size_t scratch_bytes(Index M) const {
-    const std::size_t widened = widened_block_ > 0 ? static_cast<std::size_t>(k_ * widened_block_) * sizeof(float) : 0;
+    const std::size_t widened =
+        widened_block_ > 0 ? static_cast<std::size_t>(k_ * std::min(widened_block_, n_)) * sizeof(float) : 0;
     return static_cast<std::size_t>(M) * static_cast<std::size_t>(k_ + n_) * sizeof(float) + widened + 128;
   }
 
@@ -547,8 +549,10 @@ class PackedMatrix {
   /// Whether this bf16 weight is held in bf16 and multiplied by fp32 kernels: each
   /// block of kWidenedBlock columns is widened to fp32 in scratch right before its
   /// product. That is how a CPU without bf16 instructions (or the Eigen backend)
-  /// keeps bf16 weights resident, half the memory, at the fp32 kernels' speed:
-  /// widening costs K·N element copies per product against M·K·N FMAs.
+  /// keeps bf16 weights resident, half the memory: widening costs K·N element
+  /// copies per product and thread against M·K·N FMAs, and each block is a call of
+  /// the runtime-shape GEMM (0.95-1.03x fp32's speed on an AVX2 CPU:
+  /// bench/results/README.md).
   bool widened() const { return widened_block_ > 0; }
 
   /// y[M, N] = x[M, K] · W (+ bias[N]); x and y row-major with row strides ldx, ldy;
@@ -819,7 +823,7 @@ struct GemmPaths {
   std::string backend;      // "onednn" or "eigen"
   std::string fp32_linear;  // kernel of packed fp32 weights
   std::string fp32_attention;
-  std::string bf16_linear;  // kernel of packed bf16 weights ("... (bf16-rounded fp32)" when emulated)
+  std::string bf16_linear;  // kernel of packed bf16 weights ("... widened ... (bf16-rounded operands)" without bf16 kernels)
   std::string bf16_attention;
 };
 

@@ -161,7 +161,11 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
   auto power_of_two = [](__m256i e) __attribute__((target("avx2"))) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
   };
-  return _mm256_mul_ps(_mm256_mul_ps(p, power_of_two(k_low)), power_of_two(k_high));
+  __m256 e = _mm256_mul_ps(_mm256_mul_ps(p, power_of_two(k_low)), power_of_two(k_high));
+  // Rounded here, as vscalefps's result is: GCC would otherwise fuse this multiply
+  // into a caller's add (tanh's 1 ± e, the row's sum) as an FMA.
+  __asm__("" : "+x"(e));
+  return e;
 }
 
 __attribute__((target("avx2,fma"))) inline __m256 tanh_avx2(__m256 y) {
