@@ -755,8 +755,8 @@ TEST(PackedWeights, WidenedBf16WeightsMultiplyAsTheRoundedFp32Product) {
           Index r = 0, col = 0;
           EXPECT_LE(ratio.maxCoeff(&r, &col), 1.0f)
               << "K " << c.K << ", N " << c.N << (out_in ? " [out, in]" : " [in, out]") << ", M " << M << ", "
-              << threads << " threads" << (with_bias ? ", bias" : "") << ": worst at [" << r << ", " << col
-              << "], got " << got(r, col) << ", reference " << want(r, col);
+              << threads << " threads" << (with_bias ? ", bias" : "") << ": worst at [" << r << ", " << col << "], got "
+              << got(r, col) << ", reference " << want(r, col);
           EXPECT_TRUE((got_wide.rightCols(3).array() == 7.0f).all()) << "wrote past the row";
         }
   }

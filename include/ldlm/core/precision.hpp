@@ -140,8 +140,7 @@ __attribute__((target("avx2"))) inline void to_bf16_avx2(const float* x, std::in
   for (; i < n; ++i) y[i] = float_to_bf16(scaled_value(x[i], scale));
 }
 
-__attribute__((target("avx2"))) inline void round_to_bf16_avx2(const float* x, std::int64_t n, float* y,
-                                                               float scale) {
+__attribute__((target("avx2"))) inline void round_to_bf16_avx2(const float* x, std::int64_t n, float* y, float scale) {
   const bool scale_values = scale != 1.0f;
   const __m256 factor = _mm256_set1_ps(scale);
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));

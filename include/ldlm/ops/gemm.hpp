@@ -5,8 +5,9 @@
 //           the CPU model: AMX and AVX512_BF16 for bf16, AVX-512 or AVX2 for fp32.
 //           Weights are reordered once into the layout its kernels want
 //           (PackedMatrix); bf16 weights without bf16 kernels stay in bf16 and
-//           are widened block by block for the fp32 GEMM (PackedMatrix::widened). Attention's products multiply activations: in fp32
-//           with its runtime-shape GEMM, reading the heads in place; in bf16 with
+//           are widened block by block for the fp32 GEMM (PackedMatrix::widened).
+//           Attention's products multiply activations: in fp32 with its
+//           runtime-shape GEMM, reading the heads in place; in bf16 with
 //           fixed-shape primitives on dense per-head copies, which alone get its
 //           blocked kernels (fixed_matmul), or, where those are AMX, with ldlm's
 //           own AMX kernel (bf16_attention_amx, ops/attention_amx.hpp).
@@ -560,7 +561,7 @@ class PackedMatrix {
   /// Runs on the calling thread only.
   void multiply(const float* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
     if (M == 0 || n_ == 0) return;
-    if (widened()) return multiply_widened(static_cast<const float*>(operand(x, ldx, M, scratch)), M, bias, 0, n_, y, ldy, scratch);
+    if (widened()) return multiply_widened(x, ldx, M, bias, 0, n_, y, ldy, scratch);
     multiply_into(operand(x, ldx, M, scratch), M, bias, y, ldy, scratch);
   }
 
@@ -585,7 +586,7 @@ class PackedMatrix {
                             std::to_string(n0 + cols) + ") of " + std::to_string(n_) + " are not whole blocks of " +
                             std::to_string(column_block_));
     if (M == 0 || cols == 0) return;
-    if (widened()) return multiply_widened(static_cast<const float*>(operand(x, ldx, M, scratch)), M, bias, n0, n0 + cols, y, ldy, scratch);
+    if (widened()) return multiply_widened(x, ldx, M, bias, n0, n0 + cols, y, ldy, scratch);
 #if defined(LDLM_HAVE_ONEDNN)
     namespace dd = detail::onednn;
     const dd::memory::desc block({k_, cols}, dd::memory::data_type::bf16, dd::memory::format_tag::BA16a64b2a);
@@ -690,22 +691,21 @@ class PackedMatrix {
     kernel_ += " on bf16 weights widened per " + std::to_string(kWidenedBlock) + " columns";
   }
 
-  /// y[M, n0 : n1] (row stride ldy) = a · W[:, n0 : n1] (+ bias) for the dense M x K
-  /// operand a, n0 and n1 on block boundaries (or n1 = N): each block widened into
-  /// scratch after a's copy there (M · K floats, see operand), then multiplied by
-  /// the fp32 kernels.
-  void multiply_widened(const float* a, Index M, const float* bias, Index n0, Index n1, float* y, Index ldy,
+  /// y[M, n0 : n1] (row stride ldy) = x[M, K] · W[:, n0 : n1] (+ bias), n0 and n1 on
+  /// block boundaries (or n1 = N): x rounded to bf16 into scratch (operand), then each
+  /// block widened into scratch after it and multiplied by the fp32 kernels.
+  void multiply_widened(const float* x, Index ldx, Index M, const float* bias, Index n0, Index n1, float* y, Index ldy,
                         std::byte* scratch) const {
+    const ConstMatrixMap<float> a(static_cast<const float*>(operand(x, ldx, M, scratch)), M, k_);
     const Index a_floats = (M * k_ + 15) / 16 * 16;  // the block starts on a cache line
     float* const block = reinterpret_cast<float*>(scratch) + a_floats;
     const bf16* const weights = reinterpret_cast<const bf16*>(storage_.data());
-    const ConstMatrixMap<float> x(a, M, k_);
     for (Index c0 = n0; c0 < n1; c0 += widened_block_) {
       const Index cols = std::min(widened_block_, n_ - c0);
       bf16_to_float(weights + c0 * k_, k_ * cols, block);
       StridedMap<float> out(y + c0, M, cols, Eigen::OuterStride<>(ldy));
       if (bias) out.rowwise() = ConstRowVectorMap<float>(bias + c0, cols);
-      gemm<float>(x, ConstMatrixMap<float>(block, k_, cols), false, 1.0f, bias ? 1.0f : 0.0f, out);
+      gemm<float>(a, ConstMatrixMap<float>(block, k_, cols), false, 1.0f, bias ? 1.0f : 0.0f, out);
     }
   }
 
@@ -823,7 +823,7 @@ struct GemmPaths {
   std::string backend;      // "onednn" or "eigen"
   std::string fp32_linear;  // kernel of packed fp32 weights
   std::string fp32_attention;
-  std::string bf16_linear;  // kernel of packed bf16 weights ("... widened ... (bf16-rounded operands)" without bf16 kernels)
+  std::string bf16_linear;  // kernel of packed bf16 weights ("... widened ..." without bf16 kernels)
   std::string bf16_attention;
 };
 
