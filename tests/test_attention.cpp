@@ -637,6 +637,21 @@ TEST(SoftmaxRow, NanScoreMakesTheSumNanAsTheDefinitionDoes) {
   EXPECT_EQ(row[0], 1.0f);
 }
 
+// Terms far below the row's maximum are zero on every kernel, in the vector body
+// and in the tail: the generic and AVX-512 kernels round e^-104 and below to zero,
+// the AVX2 one flushes everything below 2^-125 (e^-86.6). (Planted: the AVX2 kernel
+// without its flush, which leaves 2^-125 in each such lane; fails.)
+TEST(SoftmaxRow, TermsFarBelowTheMaximumAreZero) {
+  for (const auto& [name, kernel] : softmax_row_kernels()) {
+    std::vector<float> row(40, -200.0f);
+    row[5] = 0.0f;
+    row[20] = -1000.0f;
+    row[33] = -std::numeric_limits<float>::infinity();
+    EXPECT_EQ(kernel(row.data(), 40, 0.0f), 1.0f) << name;
+    for (std::size_t j = 0; j < row.size(); ++j) EXPECT_EQ(row[j], j == 5 ? 1.0f : 0.0f) << name << ": j = " << j;
+  }
+}
+
 #if defined(LDLM_HAVE_AVX512_SOFTMAX)
 // The softmax row of bf16 attention on AMX: probabilities e_j / Σ rounded to bf16,
 // against the definition in double. Rounding to bf16's 8 significant bits moves a
