@@ -20,14 +20,21 @@ What it runs, one after the other (never two at once):
      with the malloc tunables that keep PyTorch's temporaries in the heap) is timed
      at T = --screen-T; the fastest variant of each (threads, precision) then runs
      every T, and each row takes the fastest time measured for it.
-  3. Memory: `ldlm generate --init-seed 7 --length 1024 --ids` (ldlm-base) at --precision fp32 and bf16, peak
+  3. With --paired-rounds N: N more rounds of ldlm fp32 and PyTorch fp32 (its winning
+     variant) at T = 1024, one after the other in alternating order, each ldlm run
+     with the fp32 peak in the same process. The fp32 targets are then also given as
+     the medians of these paired ratios: on a shared host the clock moves by 10 %
+     from one minute to the next (seen on an AMD EPYC Zen 1), which a single ratio
+     of runs minutes apart cannot tell from a difference in speed.
+  4. Memory: `ldlm generate --init-seed 7 --length 1024 --ids` (ldlm-base) at --precision fp32 and bf16, peak
      RSS of each process (wait4's ru_maxrss), and their ratio.
 Writes --out (markdown: the table, the targets of issue 11, the environment), the
 same name with .json (every number, both benchmark contexts) and with .png (the
 PyTorch/ldlm ratios per T and thread count, fp32 and bf16; needs matplotlib).
 
 Other forms:
-    compare.py memory --build build/default [--length 1024]   # step 3 alone
+    compare.py memory --build build/default [--length 1024]   # step 4 alone
+    compare.py render bench/results/<cpu>.json   # the markdown and plot again, from the JSON
     compare.py ... --quick          # smoke test: T = 128, 1 repetition, short budgets
     compare.py ... --all-cases      # also every layer/module case of ldlm_bench
 """
@@ -277,6 +284,58 @@ def torch_best(variants: list, case_patterns: dict, screen_pattern: str, threads
     return best, winners, runs
 
 
+def paired_rounds(bench: str, winners: dict, threads: list, rounds: int, budget: float, min_reps: int,
+                  min_time: float | None) -> list:
+    """ldlm fp32 (with the fp32 FMA peak beside it) and PyTorch fp32 (the variant that
+    won its screening) at T = TARGET_T, in `rounds` rounds per thread count. The
+    order alternates from round to round, so a slow minute of a shared host falls on
+    both sides of a ratio rather than on one. Returns one record per (round, threads)."""
+    out = []
+    case = f"denoiser_T/T:{TARGET_T}"
+    for i in range(rounds):
+        for n in threads:
+            variant = winners.get((n, "fp32"))
+            if variant is None:
+                log(f"compare.py: no PyTorch fp32 timing at {n} threads, so no paired round there")
+                continue
+
+            def ldlm_side():
+                run = run_ldlm(bench, f"^({case}/threads:{n}/bf16:0/|peak_fma_fp32/threads:{n}/)", 1, min_time)
+                return run["results"].get((case, n, "fp32")), peak_of(run["peaks"], "peak_fma_fp32", n)
+
+            def torch_side():
+                doc = run_torch(variant, f"^{case}$", [n], ["fp32"], budget, min_reps)
+                return next((b["ms"] for b in doc["benchmarks"] if b["threads"] == n), None)
+
+            if i % 2 == 0:
+                (mine, peak), theirs = ldlm_side(), torch_side()
+            else:
+                theirs = torch_side()
+                mine, peak = ldlm_side()
+            if mine is None or theirs is None:
+                continue
+            out.append({"round": i + 1, "threads": n, "ldlm_fp32_ms": mine["ms"], "torch_fp32_ms": theirs,
+                        "torch_variant": variant, "peak_fp32_gflops": peak,
+                        "torch_fp32_over_ldlm_fp32": ratio(theirs, mine["ms"]),
+                        "fp32_pct_peak": ratio(mine["gflops"], peak) and 100 * ratio(mine["gflops"], peak)})
+    return out
+
+
+def paired_summary(paired: list, threads: int) -> dict | None:
+    """Medians (and ranges) of a thread count's paired rounds."""
+    import statistics
+
+    mine = [p for p in paired if p["threads"] == threads]
+    if not mine:
+        return None
+
+    def spread(key):
+        values = [p[key] for p in mine if p[key] is not None]
+        return (statistics.median(values), min(values), max(values)) if values else (None, None, None)
+
+    return {"rounds": len(mine), "ratio": spread("torch_fp32_over_ldlm_fp32"), "pct_peak": spread("fp32_pct_peak")}
+
+
 # --- memory -------------------------------------------------------------------------
 
 
@@ -418,7 +477,7 @@ def table(rows: list, ctx: dict, cpu: str, first_col: str) -> list:
     return lines
 
 
-def targets(rows: list, mem: dict | None, ctx: dict) -> list:
+def targets(rows: list, mem: dict | None, ctx: dict, paired: list | None = None) -> list:
     def mark(ok):
         return "—" if ok is None else ("PASS" if ok else "FAIL")
 
@@ -431,13 +490,23 @@ def targets(rows: list, mem: dict | None, ctx: dict) -> list:
         v = r["torch_fp32_over_ldlm_fp32"]
         lines.append(f"| fp32 ≥ {TARGET_FP32_VS_TORCH}× PyTorch fp32 best | {r['threads']} | {fmt(v, '.2f', '×')} | "
                      f"{mark(None if v is None else v >= TARGET_FP32_VS_TORCH)} |")
-    zmm = "zmm" in ctx.get("ldlm_peak_fp32_kernel", "")
+    note = "" if "zmm" in ctx.get("ldlm_peak_fp32_kernel", "") else " (peak not zmm: no AVX-512)"
     for r in at:
         v = r["fp32_pct_peak"]
         ok = None if v is None else v >= TARGET_FP32_PCT_PEAK
-        note = "" if zmm else " (peak not zmm: no AVX-512)"
         lines.append(f"| fp32 ≥ {TARGET_FP32_PCT_PEAK:.0f}% of measured zmm FMA peak{note} | {r['threads']} | "
                      f"{fmt(v, '.1f', '%')} | {mark(ok)} |")
+    for n in sorted({r["threads"] for r in at}):
+        summary = paired_summary(paired or [], n)
+        if summary is None:
+            continue
+        (v, lo, hi), (pct, pct_lo, pct_hi) = summary["ratio"], summary["pct_peak"]
+        lines.append(f"| fp32 ≥ {TARGET_FP32_VS_TORCH}× PyTorch fp32 (its screened variant), median of "
+                     f"{summary['rounds']} paired rounds (range {fmt(lo, '.2f')}–{fmt(hi, '.2f')}) | {n} | "
+                     f"{fmt(v, '.2f', '×')} | {mark(None if v is None else v >= TARGET_FP32_VS_TORCH)} |")
+        lines.append(f"| fp32 ≥ {TARGET_FP32_PCT_PEAK:.0f}% of the fp32 peak measured in the same round{note}, median "
+                     f"(range {fmt(pct_lo, '.1f')}–{fmt(pct_hi, '.1f')}) | {n} | {fmt(pct, '.1f', '%')} | "
+                     f"{mark(None if pct is None else pct >= TARGET_FP32_PCT_PEAK)} |")
     amx = amx_ran(ctx)
     for r in at:
         if amx:
@@ -490,7 +559,18 @@ def write_markdown(path: str, doc: dict) -> None:
         "",
     ]
     lines += table([r for r in rows if r["case"].startswith("denoiser_T/")], ctx, cpu, "T")
-    lines += [""] + targets([r for r in rows if r["case"].startswith("denoiser_T/")], doc.get("memory"), ctx)
+    lines += [""] + targets([r for r in rows if r["case"].startswith("denoiser_T/")], doc.get("memory"), ctx,
+                            doc.get("paired"))
+    if doc.get("paired"):
+        lines += ["", f"## Paired rounds (fp32, T = {TARGET_T})", "",
+                  "ldlm and PyTorch one after the other, the order alternating by round; each ldlm run measures "
+                  "the fp32 peak in the same process.", "",
+                  "| round | threads | ldlm fp32 ms | PyTorch fp32 ms | PyTorch variant | PyTorch / ldlm | "
+                  "peak GFLOP/s | ldlm % of peak |", "|---:|---:|---:|---:|---|---:|---:|---:|"]
+        for p in doc["paired"]:
+            lines.append(f"| {p['round']} | {p['threads']} | {p['ldlm_fp32_ms']:.1f} | {p['torch_fp32_ms']:.1f} | "
+                         f"{p['torch_variant']} | {fmt(p['torch_fp32_over_ldlm_fp32'], '.2f', '×')} | "
+                         f"{fmt(p['peak_fp32_gflops'], '.1f')} | {fmt(p['fp32_pct_peak'], '.1f')} |")
     if doc.get("memory"):
         lines += [""] + memory_markdown(doc["memory"])
     other = [r for r in rows if not r["case"].startswith("denoiser_T/")]
@@ -572,9 +652,38 @@ def main_memory(argv: list) -> None:
     print("\n".join(memory_markdown(mem)))
 
 
+def main_render(argv: list) -> None:
+    """Writes the markdown (and plot) of a run again from its JSON, with this file's
+    format: what a run measured stays as it was."""
+    parser = argparse.ArgumentParser(prog="compare.py render",
+                                     description="The markdown and plot of a compare.py run, from its JSON.")
+    parser.add_argument("json", help="a .json that compare.py wrote")
+    args = parser.parse_args(argv)
+    with open(args.json) as f:
+        doc = json.load(f)
+
+    def threads_key(text):  # "peak_fma_fp32/threads:2" -> ("peak_fma_fp32", 2)
+        name, n = text.rsplit("/threads:", 1)
+        return name, int(n)
+
+    doc["peaks"] = {threads_key(k): v for k, v in doc["peaks"].items()}
+    doc["torch_winners_keyed"] = {(int(k.split("/")[0].split(":")[1]), k.split("/")[1]): v
+                                  for k, v in doc["torch_winners_keyed"].items()}
+    out = os.path.splitext(args.json)[0] + ".md"
+    write_markdown(out, doc)
+    try:
+        write_plot(os.path.splitext(out)[0] + ".png", doc["rows"], doc["meta"]["cpu"])
+    except ImportError:
+        log("compare.py: no matplotlib, no plot")
+    log(f"compare.py: wrote {out} from {args.json}")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "memory":
         main_memory(sys.argv[2:])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "render":
+        main_render(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -599,6 +708,9 @@ def main() -> None:
     parser.add_argument("--screen-budget", type=float, default=1.0)
     parser.add_argument("--memory-length", type=int, default=1024)
     parser.add_argument("--memory-steps", type=int, default=None, help="default: the CLI's")
+    parser.add_argument("--paired-rounds", type=int, default=0,
+                        help=f"after the table, this many rounds of ldlm and PyTorch fp32 at T = {TARGET_T}, "
+                             "alternating, each with the peak: the fp32 targets as medians of paired ratios")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--all-cases", action="store_true", help="also every other ldlm_bench case")
     parser.add_argument("--quick", action="store_true",
@@ -646,6 +758,12 @@ def main() -> None:
     screen_case = f"^denoiser_T/T:{args.screen_T}$"
     torch, winners, torch_runs = torch_best(variants, torch_cases, screen_case, threads, args.torch_budget,
                                             args.screen_budget, args.torch_min_reps)
+    paired = []
+    if args.paired_rounds > 0 and TARGET_T not in Ts:
+        log(f"compare.py: --paired-rounds runs at T = {TARGET_T}, which --T leaves out: no paired rounds")
+    elif args.paired_rounds > 0:
+        paired = paired_rounds(bench, winners, threads, args.paired_rounds, args.torch_budget, args.torch_min_reps,
+                               args.min_time)
     mem = None if args.no_memory else measure_memory(tool, args.memory_length, args.memory_steps, None)
 
     ctx = ldlm["context"]
@@ -662,7 +780,7 @@ def main() -> None:
         "env_ldlm": {v: ldlm_env().get(v) for v in REPORTED_VARS},
         "command": " ".join(sys.argv),
     }
-    doc = {"meta": meta, "rows": rows, "peaks": ldlm["peaks"], "memory": mem, "ldlm_context": ctx,
+    doc = {"meta": meta, "rows": rows, "peaks": ldlm["peaks"], "memory": mem, "ldlm_context": ctx, "paired": paired,
            "torch_winners_keyed": winners, "torch_runs": torch_runs}
     out = args.out or os.path.join(BENCH_DIR, "results", slug(ctx.get("ldlm_cpu_brand") or proc_cpu_model()) + ".md")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -717,8 +717,10 @@ TEST(PackedWeights, Bf16HalvesTheResidentBytesOnEveryPath) {
 // blocks, the last one partial, so a block found at the wrong offset shows; a square
 // 300 x 300 weight, where a transposed block would still fit; row strides wider than
 // the rows; with and without bias; 1, 3 and 40 rows, which 2 threads split by
-// column blocks (1, 3) or by rows (40). (Planted: every block of a product read from
-// the first block of its range, and the out_in weight read as in_out; both fail.)
+// column blocks (1, 3) or by rows (40), and 300, rounded in chunks of kWidenedRows
+// with a partial last one. (Planted: every block of a product read from the first
+// block of its range, and the out_in weight read as in_out; both fail. Every chunk
+// of rows read from the first chunk's rows; fails.)
 TEST(PackedWeights, WidenedBf16WeightsMultiplyAsTheRoundedFp32Product) {
   const Matrix<float> probe = Matrix<float>::Random(8, 8);
   if (!PackedMatrix::pack(probe, WeightLayout::out_in, Precision::bf16).widened())
@@ -739,7 +741,7 @@ TEST(PackedWeights, WidenedBf16WeightsMultiplyAsTheRoundedFp32Product) {
     EXPECT_EQ(widened.column_block(), PackedMatrix::kWidenedBlock);
     const Matrix<float> bias_row = Matrix<float>::Random(1, c.N);
     for (const bool with_bias : {false, true})
-      for (const Index M : {1, 3, 40})
+      for (const Index M : {Index{1}, Index{3}, Index{40}, 2 * PackedMatrix::kWidenedRows + 44})
         for (const int threads : {1, 2}) {
           const Matrix<float> x_wide = Matrix<float>::Random(M, c.K + 5);
           const ConstMatRef<float> x = x_wide.leftCols(c.K);

@@ -540,13 +540,20 @@ class PackedMatrix {
 
   /// Scratch bytes multiply() needs for M rows.
   std::size_t scratch_bytes(Index M) const {
-    const std::size_t widened =
-        widened_block_ > 0 ? static_cast<std::size_t>(k_ * std::min(widened_block_, n_)) * sizeof(float) : 0;
-    return static_cast<std::size_t>(M) * static_cast<std::size_t>(k_ + n_) * sizeof(float) + widened + 128;
+    if (widened()) {  // a chunk of rounded rows, and one widened block
+      const auto rounded = static_cast<std::size_t>(std::min(M, kWidenedRows) * k_);
+      const auto block = static_cast<std::size_t>(k_ * std::min(widened_block_, n_));
+      return (rounded + block) * sizeof(float) + 128;
+    }
+    return static_cast<std::size_t>(M) * static_cast<std::size_t>(k_ + n_) * sizeof(float) + 128;
   }
 
   /// Columns per block of a bf16 weight widened block by block (widened()).
   static constexpr Index kWidenedBlock = 256;
+  /// Rows of x a widened product rounds to bf16 at a time. Rounding all of them
+  /// would keep a copy of the activations in each worker's scratch (fc2's
+  /// [1024 × 3072] at T = 1024: 12.6 MB), resident for the rest of the run.
+  static constexpr Index kWidenedRows = 128;
   /// Whether this bf16 weight is held in bf16 and multiplied by fp32 kernels: each
   /// block of kWidenedBlock columns is widened to fp32 in scratch right before its
   /// product. That is how a CPU without bf16 instructions (or the Eigen backend)
@@ -692,20 +699,28 @@ class PackedMatrix {
   }
 
   /// y[M, n0 : n1] (row stride ldy) = x[M, K] · W[:, n0 : n1] (+ bias), n0 and n1 on
-  /// block boundaries (or n1 = N): x rounded to bf16 into scratch (operand), then each
-  /// block widened into scratch after it and multiplied by the fp32 kernels.
+  /// block boundaries (or n1 = N): each block widened into scratch, then multiplied by
+  /// the fp32 kernels with x's rows rounded to bf16 (operand) kWidenedRows at a time,
+  /// into scratch before it. (Rows are rounded again for every block: M·K·N/256
+  /// conversions against M·K·N FMAs.)
   void multiply_widened(const float* x, Index ldx, Index M, const float* bias, Index n0, Index n1, float* y, Index ldy,
                         std::byte* scratch) const {
-    const ConstMatrixMap<float> a(static_cast<const float*>(operand(x, ldx, M, scratch)), M, k_);
-    const Index a_floats = (M * k_ + 15) / 16 * 16;  // the block starts on a cache line
-    float* const block = reinterpret_cast<float*>(scratch) + a_floats;
+    const Index chunk = std::min(M, kWidenedRows);
+    float* const block = reinterpret_cast<float*>(scratch) + (chunk * k_ + 15) / 16 * 16;  // on a cache line
     const bf16* const weights = reinterpret_cast<const bf16*>(storage_.data());
+    const float* rounded = nullptr;
     for (Index c0 = n0; c0 < n1; c0 += widened_block_) {
       const Index cols = std::min(widened_block_, n_ - c0);
       bf16_to_float(weights + c0 * k_, k_ * cols, block);
-      StridedMap<float> out(y + c0, M, cols, Eigen::OuterStride<>(ldy));
-      if (bias) out.rowwise() = ConstRowVectorMap<float>(bias + c0, cols);
-      gemm<float>(a, ConstMatrixMap<float>(block, k_, cols), false, 1.0f, bias ? 1.0f : 0.0f, out);
+      for (Index r0 = 0; r0 < M; r0 += chunk) {
+        const Index rows = std::min(chunk, M - r0);
+        if (M > chunk || !rounded)  // (all rows in one chunk: rounded once, for the first block)
+          rounded = static_cast<const float*>(operand(x + r0 * ldx, ldx, rows, scratch));
+        StridedMap<float> out(y + r0 * ldy + c0, rows, cols, Eigen::OuterStride<>(ldy));
+        if (bias) out.rowwise() = ConstRowVectorMap<float>(bias + c0, cols);
+        gemm<float>(ConstMatrixMap<float>(rounded, rows, k_), ConstMatrixMap<float>(block, k_, cols), false, 1.0f,
+                    bias ? 1.0f : 0.0f, out);
+      }
     }
   }
 
