@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -323,8 +324,6 @@ def paired_rounds(bench: str, winners: dict, threads: list, rounds: int, budget:
 
 def paired_summary(paired: list, threads: int) -> dict | None:
     """Medians (and ranges) of a thread count's paired rounds."""
-    import statistics
-
     mine = [p for p in paired if p["threads"] == threads]
     if not mine:
         return None
@@ -593,6 +592,14 @@ def write_markdown(path: str, doc: dict) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+def write_plot_beside(markdown_path: str, rows: list, cpu: str) -> None:
+    """The plot next to the markdown, same name with .png; none without matplotlib."""
+    try:
+        write_plot(os.path.splitext(markdown_path)[0] + ".png", rows, cpu)
+    except ImportError:
+        log("compare.py: no matplotlib, no plot")
+
+
 def write_plot(path: str, rows: list, cpu: str) -> None:
     """PyTorch time / ldlm time per (T, threads), fp32 and bf16 bars, log scale, line at 1."""
     import math
@@ -671,10 +678,7 @@ def main_render(argv: list) -> None:
                                   for k, v in doc["torch_winners_keyed"].items()}
     out = os.path.splitext(args.json)[0] + ".md"
     write_markdown(out, doc)
-    try:
-        write_plot(os.path.splitext(out)[0] + ".png", doc["rows"], doc["meta"]["cpu"])
-    except ImportError:
-        log("compare.py: no matplotlib, no plot")
+    write_plot_beside(out, doc["rows"], doc["meta"]["cpu"])
     log(f"compare.py: wrote {out} from {args.json}")
 
 
@@ -791,10 +795,7 @@ def main() -> None:
     with open(os.path.splitext(out)[0] + ".json", "w") as f:
         json.dump(json_doc, f, indent=2)
         f.write("\n")
-    try:
-        write_plot(os.path.splitext(out)[0] + ".png", rows, meta["cpu"])
-    except ImportError:
-        log("compare.py: no matplotlib, no plot")
+    write_plot_beside(out, rows, meta["cpu"])
     missing = [f"{r['case']}@{r['threads']}" for r in rows if r["torch_fp32_ms"] is None or r["torch_bf16_ms"] is None]
     if missing:
         log("compare.py: no PyTorch timing for " + ", ".join(missing))
