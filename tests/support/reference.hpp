@@ -15,7 +15,11 @@
 
 namespace ldlm::test {
 
-inline std::string data_path(const std::string& relative) { return std::string(LDLM_TEST_DATA_DIR) + "/" + relative; }
+// Appended in place: GCC 12 warns (-Warray-bounds, falsely) on `std::string(dir) + "/" + relative`.
+inline std::string data_path(const std::string& relative) {
+  std::string path = LDLM_TEST_DATA_DIR;
+  return path.append("/").append(relative);
+}
 
 inline SafetensorsFile open_reference(const std::string& relative) {
   return SafetensorsFile::open(data_path(relative));
