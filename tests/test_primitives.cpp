@@ -267,40 +267,47 @@ TEST(Activations, SwappingTheGeluFormsIsCaught) {
 // A row's values must not depend on where the row starts: Eigen's vector
 // expressions peel elements up to an aligned address, and a kernel that computed
 // those (or the tail) with other functions than the body would round them
-// differently. Each activation runs on the same 1000 values at 16 offsets from a
-// 64-byte boundary, against offset 0 bit for bit.
-TEST(Activations, ValuesDoNotDependOnTheRowsAddress) {
-  constexpr Index n = 1000, kOffsets = 16;
+// differently. Each activation runs on the first n of the same 1000 values, for
+// lengths from 0 to 1000 and at 16 offsets from a 64-byte boundary, against the
+// whole row at offset 0 bit for bit.
+template <class S>
+void expect_values_independent_of_the_rows_address() {
+  constexpr Index kLength = 1000, kOffsets = 16;
   std::mt19937 generator(11);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<float> x(static_cast<std::size_t>(n));
-  for (float& v : x) v = normal(generator);
+  std::normal_distribution<S> normal(S(0), S(3));
+  std::vector<S> x(static_cast<std::size_t>(kLength));
+  for (S& v : x) v = normal(generator);
   struct Named {
     const char* name;
-    void (*activation)(float*, Index);
+    void (*activation)(S*, Index);
   };
-  for (const Named& f : {Named{"gelu_tanh", gelu_tanh_inplace<float>}, Named{"gelu_erf", gelu_erf_inplace<float>},
-                         Named{"silu", silu_inplace<float>}}) {
-    alignas(64) std::array<float, static_cast<std::size_t>(n + kOffsets)> buffer;
-    std::vector<float> at_zero;
-    for (Index offset = 0; offset < kOffsets; ++offset) {
-      float* const row = buffer.data() + offset;
-      std::copy(x.begin(), x.end(), row);
-      f.activation(row, n);
-      if (offset == 0) {
-        at_zero.assign(row, row + n);
-        continue;
+  for (const Named& f : {Named{"gelu_tanh", gelu_tanh_inplace<S>}, Named{"gelu_erf", gelu_erf_inplace<S>},
+                         Named{"silu", silu_inplace<S>}}) {
+    alignas(64) std::array<S, static_cast<std::size_t>(kLength + kOffsets)> buffer;
+    std::copy(x.begin(), x.end(), buffer.begin());
+    f.activation(buffer.data(), kLength);
+    const std::vector<S> whole_row(buffer.begin(), buffer.begin() + kLength);
+    for (Index n : {kLength, Index(0), Index(1), Index(7), Index(15), Index(16), Index(17), Index(33)})
+      for (Index offset = 0; offset < kOffsets; ++offset) {
+        S* const row = buffer.data() + offset;
+        std::copy_n(x.begin(), n, row);
+        f.activation(row, n);
+        Index differing = 0, first = -1;
+        for (Index i = 0; i < n; ++i)
+          if (std::memcmp(&row[i], &whole_row[static_cast<std::size_t>(i)], sizeof(S)) != 0)
+            differing += 1, first = first < 0 ? i : first;
+        // (The message is built only on failure, when first >= 0.)
+        EXPECT_EQ(differing, 0) << f.name << " (" << sizeof(S) << "-byte values), n = " << n << " at offset " << offset
+                                << ": first difference at element " << first
+                                << ", x = " << x[static_cast<std::size_t>(first)] << ": " << row[first] << " against "
+                                << whole_row[static_cast<std::size_t>(first)] << " in the whole row at offset 0";
       }
-      Index differing = 0, first = -1;
-      for (Index i = 0; i < n; ++i)
-        if (std::memcmp(&row[i], &at_zero[static_cast<std::size_t>(i)], sizeof(float)) != 0)
-          differing += 1, first = first < 0 ? i : first;
-      // (The message is built only on failure, when first >= 0.)
-      EXPECT_EQ(differing, 0) << f.name << " at offset " << offset << " floats: first difference at element " << first
-                              << ", x = " << x[static_cast<std::size_t>(first)] << ": " << row[first] << " against "
-                              << at_zero[static_cast<std::size_t>(first)] << " at offset 0";
-    }
   }
+}
+
+TEST(Activations, ValuesDoNotDependOnTheRowsAddress) {
+  expect_values_independent_of_the_rows_address<float>();
+  expect_values_independent_of_the_rows_address<double>();
 }
 
 // ------------------------------------------------------------------ feed-forwards

@@ -18,7 +18,9 @@ namespace ldlm::test {
 // Appended in place: GCC 12 warns (-Warray-bounds, falsely) on `std::string(dir) + "/" + relative`.
 inline std::string data_path(const std::string& relative) {
   std::string path = LDLM_TEST_DATA_DIR;
-  return path.append("/").append(relative);
+  path += '/';
+  path += relative;
+  return path;
 }
 
 inline SafetensorsFile open_reference(const std::string& relative) {

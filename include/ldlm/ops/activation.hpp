@@ -19,6 +19,8 @@ namespace detail {
 /// exp round differently from the vector ones: a value would depend on where its
 /// row starts. So the aligned body is evaluated in place and the rest a block at a
 /// time through an aligned buffer. f maps an array expression to an array expression.
+/// x is aligned to its element type, as any S* is. (For double, Eigen 3.4 has no
+/// vector tanh or erf: those GELUs are scalar throughout, the same at every address.)
 template <class S, class F>
 void apply_elementwise(S* x, Index n, F f) {
   constexpr Index kBlock = 64 / sizeof(S);  // one cache line: a whole number of vectors at any width
@@ -32,10 +34,6 @@ void apply_elementwise(S* x, Index n, F f) {
     buffer = f(buffer);
     std::copy_n(buffer.data(), count, from);
   };
-  if (address % sizeof(S) != 0) {  // (not even on an element boundary: no aligned body at all)
-    for (Index i = 0; i < n; i += kBlock) through_buffer(x + i, std::min(kBlock, n - i));
-    return;
-  }
   if (head > 0) through_buffer(x, head);
   if (body > 0) {
     Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>, Eigen::Aligned64> a(x + head, body);

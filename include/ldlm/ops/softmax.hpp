@@ -15,6 +15,8 @@
 // or a polynomial's coefficients carry `#pragma GCC unroll`: GCC unrolls them by
 // itself only at -O3. At -O2 (RelWithDebInfo, and many a consumer's build) the
 // vectors went through the stack and a row took 1.55x as long (AMD EPYC Zen 1).
+// An always-inline helper can only be called from a function whose target has all
+// of the helper's features: anything narrower is a compile error, not a slow call.
 #pragma once
 
 #include <algorithm>
