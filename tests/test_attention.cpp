@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -22,6 +21,7 @@
 
 namespace {
 
+using ldlm::test::bitwise_equal;
 using ldlm::test::error_of;
 using ldlm::test::expect_matches;
 
@@ -782,10 +782,6 @@ TEST(AmxAttention, KeyAndValueTilesHoldTheDocumentedPairs) {
 
 // ------------------------------------------------------------------ thread counts
 
-bool bitwise_equal(const Tensor3<float>& a, const Tensor3<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
-}
-
 TEST(AttentionThreads, OneAndTwoThreadsAgreeAndRepeatsAreBitwiseIdentical) {
   const auto c = self_attention_case("denoiser_self_attention");
   nn::FusedSelfAttention<float> attention(c.config);
@@ -795,18 +791,19 @@ TEST(AttentionThreads, OneAndTwoThreadsAgreeAndRepeatsAreBitwiseIdentical) {
   const auto y2 = run_self_attention(attention, c.x, two);
   EXPECT_LE(max_abs_diff(y1, y2), kThreadTol);
   EXPECT_TRUE(matches_reference(y2, c.file, "output.y", kTol));
-  EXPECT_TRUE(bitwise_equal(y1, run_self_attention(attention, c.x, one)));
-  EXPECT_TRUE(bitwise_equal(y2, run_self_attention(attention, c.x, two)));
+  EXPECT_TRUE(bitwise_equal("self-attention, 1 thread, again", run_self_attention(attention, c.x, one), y1));
+  EXPECT_TRUE(bitwise_equal("self-attention, 2 threads, again", run_self_attention(attention, c.x, two), y2));
   // A fresh context with the same thread count gives the same bits too.
   Context another_two(2);
-  EXPECT_TRUE(bitwise_equal(y2, run_self_attention(attention, c.x, another_two)));
+  EXPECT_TRUE(
+      bitwise_equal("self-attention, a fresh 2-thread context", run_self_attention(attention, c.x, another_two), y2));
 
   const auto latent = latent_case("latent_attention_tq");
   const auto l1 = run_latent(latent.module, latent, one);
   const auto l2 = run_latent(latent.module, latent, two);
   EXPECT_LE(max_abs_diff(l1, l2), kThreadTol);
-  EXPECT_TRUE(bitwise_equal(l1, run_latent(latent.module, latent, one)));
-  EXPECT_TRUE(bitwise_equal(l2, run_latent(latent.module, latent, two)));
+  EXPECT_TRUE(bitwise_equal("latent attention, 1 thread, again", run_latent(latent.module, latent, one), l1));
+  EXPECT_TRUE(bitwise_equal("latent attention, 2 threads, again", run_latent(latent.module, latent, two), l2));
 }
 
 TEST(AttentionThreads, KernelBeyondOneTileAgreesAcrossThreadCounts) {

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -21,6 +20,7 @@
 
 namespace {
 
+using ldlm::test::bitwise_equal;
 using ldlm::test::error_of;
 using ldlm::test::expect_matches;
 
@@ -292,15 +292,10 @@ void expect_values_independent_of_the_rows_address() {
         S* const row = buffer.data() + offset;
         std::copy_n(x.begin(), n, row);
         f.activation(row, n);
-        Index differing = 0, first = -1;
-        for (Index i = 0; i < n; ++i)
-          if (std::memcmp(&row[i], &whole_row[static_cast<std::size_t>(i)], sizeof(S)) != 0)
-            differing += 1, first = first < 0 ? i : first;
-        // (The message is built only on failure, when first >= 0.)
-        EXPECT_EQ(differing, 0) << f.name << " (" << sizeof(S) << "-byte values), n = " << n << " at offset " << offset
-                                << ": first difference at element " << first
-                                << ", x = " << x[static_cast<std::size_t>(first)] << ": " << row[first] << " against "
-                                << whole_row[static_cast<std::size_t>(first)] << " in the whole row at offset 0";
+        EXPECT_TRUE(bitwise_equal(std::string(f.name) + " (" + std::to_string(sizeof(S)) +
+                                      "-byte values), n = " + std::to_string(n) + " at offset " +
+                                      std::to_string(offset) + ", against the whole row at offset 0",
+                                  row, whole_row.data(), static_cast<std::size_t>(n)));
       }
   }
 }

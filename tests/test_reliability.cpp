@@ -26,7 +26,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <latch>
 #include <limits>
@@ -42,6 +41,7 @@
 namespace {
 
 using namespace ldlm;
+using ldlm::test::bitwise_equal;
 using ldlm::test::data_path;
 using ldlm::test::error_of;
 using ldlm::test::open_reference;
@@ -114,25 +114,6 @@ void for_each_output(const Outputs& a, const Outputs& b, F&& f) {
   f("hidden", a.hidden, b.hidden);
   f("logits", a.logits, b.logits);
   f("x0", a.x0, b.x0);
-}
-
-/// Bitwise equality (memcmp); a failure names the first differing element.
-::testing::AssertionResult bitwise_equal(const std::string& what, const Tensor3<float>& got,
-                                         const Tensor3<float>& want) {
-  if (shape_of(got) != shape_of(want))
-    return ::testing::AssertionFailure() << what << ": shape " << shape_string(shape_of(got)) << " vs "
-                                         << shape_string(shape_of(want));
-  const std::size_t n = static_cast<std::size_t>(want.size());
-  if (std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0) return ::testing::AssertionSuccess();
-  std::size_t first = 0, differing = 0;
-  for (std::size_t i = n; i-- > 0;)
-    if (std::memcmp(got.data() + i, want.data() + i, sizeof(float)) != 0) first = i, ++differing;
-  std::ostringstream msg;
-  msg.precision(9);
-  msg << what << " " << shape_string(shape_of(want)) << ": " << differing << " of " << n
-      << " elements differ bitwise; first at flat index " << first << ": " << got.data()[first] << " vs "
-      << want.data()[first];
-  return ::testing::AssertionFailure() << msg.str();
 }
 
 void expect_bitwise_equal(const Outputs& got, const Outputs& want, const std::string& label) {

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -25,6 +27,32 @@ inline std::string data_path(const std::string& relative) {
 
 inline SafetensorsFile open_reference(const std::string& relative) {
   return SafetensorsFile::open(data_path(relative));
+}
+
+/// Bitwise equality (memcmp) of n values; a failure counts the elements that differ
+/// and names the first.
+template <class S>
+::testing::AssertionResult bitwise_equal(const std::string& what, const S* got, const S* want, std::size_t n) {
+  if (n == 0 || std::memcmp(got, want, n * sizeof(S)) == 0) return ::testing::AssertionSuccess();
+  std::size_t first = 0, differing = 0;
+  for (std::size_t i = n; i-- > 0;)
+    if (std::memcmp(got + i, want + i, sizeof(S)) != 0) first = i, ++differing;
+  std::ostringstream msg;
+  msg.precision(std::numeric_limits<S>::max_digits10);
+  msg << what << ": " << differing << " of " << n << " elements differ bitwise; first at flat index " << first << ": "
+      << got[first] << " vs " << want[first];
+  return ::testing::AssertionFailure() << msg.str();
+}
+
+/// The same for two tensors, whose shapes must agree.
+template <class S, int Rank>
+::testing::AssertionResult bitwise_equal(const std::string& what, const Tensor<S, Rank>& got,
+                                         const Tensor<S, Rank>& want) {
+  if (shape_of(got) != shape_of(want))
+    return ::testing::AssertionFailure() << what << ": shape " << shape_string(shape_of(got)) << " vs "
+                                         << shape_string(shape_of(want));
+  return bitwise_equal(what + " " + shape_string(shape_of(want)), got.data(), want.data(),
+                       static_cast<std::size_t>(want.size()));
 }
 
 /// Reads a tensor of the dump as S, checking its rank.
