@@ -714,7 +714,7 @@ class PackedMatrix {
       bf16_to_float(weights + c0 * k_, k_ * cols, block);
       for (Index r0 = 0; r0 < M; r0 += chunk) {
         const Index rows = std::min(chunk, M - r0);
-        if (M > chunk || !rounded)  // (all rows in one chunk: rounded once, for the first block)
+        if (M > chunk || c0 == n0)  // (all rows in one chunk: rounded once, for the first block)
           rounded = static_cast<const float*>(operand(x + r0 * ldx, ldx, rows, scratch));
         StridedMap<float> out(y + r0 * ldy + c0, rows, cols, Eigen::OuterStride<>(ldy));
         if (bias) out.rowwise() = ConstRowVectorMap<float>(bias + c0, cols);
