@@ -3,8 +3,8 @@
 
     /usr/bin/python3 tools/reference/generate.py [--out tests/data] [--only CASE]
 
-CASE is a case name (e.g. `rotary`, `latent_attention`), a group (`primitives`,
-`attention`), or a model directory (`model_small`, `model_base`).
+CASE is a case name (e.g. `rotary`, `latent_attention`, `dpmpp-2m_karras`), a group
+(`primitives`, `attention`, `sampling`), or a model directory (`model_small`, `model_base`).
 Deterministic: fixed seeds, one thread, sorted tensor names, no timestamps.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ldlm_init  # noqa: E402
 import ldlm_torch as L  # noqa: E402
+import sampling  # noqa: E402
 from safetensors_io import write_safetensors  # noqa: E402
 
 torch.set_num_threads(1)
@@ -410,6 +411,8 @@ def main():
                 dump(a.out, "attention", case, i, p, o, c)
         if want("model_small", "model_small"):
             write_model(a.out, "model_small", L.Config(**SMALL), 1, 2, 37, True, write_blocks=True)
+        # After model_small: the sampler runs its committed denoiser weights.
+        sampling.write_dumps(a.out, lambda case: want("sampling", case))
         base_counts = L.count_parameters(L.LDLM_BASE)
         L.check_base_counts(base_counts)
         if want("model_base", "model_base"):
