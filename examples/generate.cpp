@@ -5,8 +5,8 @@
 // Builds an LDLM from a Config (ldlm-base, or CONFIG.json), loads the three
 // modules generation needs from WEIGHTS (full state-dict names, e.g.
 // denoiser.blocks.0.norm1.weight) or, without a file, fills them with the
-// deterministic generator, then samples two sequences of 24 tokens with 12 Euler
-// SDE steps and prints them.
+// deterministic generator, then samples two sequences of 24 tokens with the default
+// sampler (docs/model.md §Sampler) and prints them.
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -31,13 +31,11 @@ int main(int argc, char** argv) try {
     ldlm::load_or_init_module(model, file, name);
 
   ldlm::Context ctx(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  ldlm::SamplerOptions options;
-  options.steps = 12;
-  options.kind = ldlm::SamplerKind::sde;
+  ldlm::SamplerOptions options;  // the default sampler and step count
   options.seed = 2024;
-  options.progress = [](int step, int total) {
-    std::fprintf(stderr, "\rstep %d/%d", step, total);
-    if (step == total) std::fprintf(stderr, "\n");
+  options.progress = [](const ldlm::SamplingProgress& p) {
+    std::fprintf(stderr, "\rstep %d/%d, %d/%d denoiser calls", p.step, p.steps, p.denoiser_calls, p.total_calls);
+    if (p.step == p.steps) std::fprintf(stderr, "\n");
     return true;  // false would cancel (SamplingCancelled)
   };
 

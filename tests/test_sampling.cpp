@@ -219,11 +219,14 @@ const LDLM<float>& small_model() {
   return m.model;
 }
 
+// The original sampler's options: Euler on the even grid, the result x at t_min.
 SamplerOptions options(std::uint64_t seed, SamplerKind kind = SamplerKind::sde, int steps = 6) {
   SamplerOptions o;
   o.seed = seed;
   o.kind = kind;
   o.steps = steps;
+  o.endpoint = Endpoint::sample;
+  o.grid.grid = TimeGrid::uniform;
   return o;
 }
 
@@ -294,17 +297,22 @@ TEST(Generate, ProgressSeesEveryStepAndCanCancel) {
   Context ctx(1);
   std::vector<std::pair<int, int>> seen;
   SamplerOptions o = options(1, SamplerKind::sde, 5);
-  o.progress = [&](int step, int total) {
-    seen.emplace_back(step, total);
+  o.progress = [&](const SamplingProgress& p) {
+    seen.emplace_back(p.step, p.steps);
+    EXPECT_EQ(p.denoiser_calls, p.step);
+    EXPECT_EQ(p.total_calls, 5);
     return true;
   };
-  pipeline.generate(ctx, 1, 4, o);
+  SamplingStats stats;
+  pipeline.generate(ctx, 1, 4, o, &stats);
   EXPECT_EQ(seen, (std::vector<std::pair<int, int>>{{1, 5}, {2, 5}, {3, 5}, {4, 5}, {5, 5}}));
+  EXPECT_EQ(stats.steps, 5);
+  EXPECT_EQ(stats.denoiser_calls, 5);
 
   int calls = 0;
-  o.progress = [&](int step, int) {
+  o.progress = [&](const SamplingProgress& p) {
     ++calls;
-    return step < 2;
+    return p.step < 2;
   };
   try {
     pipeline.generate(ctx, 1, 4, o);
@@ -376,7 +384,8 @@ TEST(Generate, NoHeapAllocationOfActivationsInsideTheSamplingLoop) {
   SamplerOptions o = options(5, SamplerKind::sde, 6);
   // Steps 2..N: counting starts after step 1 (which may grow the arena on a cold
   // context) and stops after the last step.
-  o.progress = [&](int step, int total) {
+  o.progress = [&](const SamplingProgress& p) {
+    const int step = p.step, total = p.steps;
     if (step == 1) {
       g_allocations = 0;
       g_largest_allocation = 0;

@@ -543,52 +543,68 @@ void print_samples(std::ostream& out, const std::optional<Tokenizer>& tokenizer,
 constexpr Index kDefaultLength = 32;
 constexpr Index kDefaultBatch = 1;
 constexpr Index kMaxBatch = Index{1} << 16;
-constexpr int kDefaultSteps = 16;
 const std::uint64_t kDefaultNoiseSeed = SamplerOptions{}.seed;
 constexpr int kMaxSteps = 1 << 20;
 
-const Command kGenerate{
-    "generate",
-    "sample token sequences with the diffusion model",
-    "",
-    "Sample latents with the denoiser (N Euler steps from pure noise; docs/model.md §Sampler),\n"
-    "decode them and print the text: one sample, or each of --batch samples after a\n"
-    "'--- sample i of B ---' line. Token ids, one line per sample, with --ids or when no\n"
-    "tokenizer fits the model's vocabulary (GPT-2's built-in one fits V = " +
-        std::to_string(kDefaultVocabSize) + ").",
-    with_model_options({{"length", "T", "tokens per sequence (default " + std::to_string(kDefaultLength) + ")"},
-                        {"batch", "B",
-                         "number of sequences, 1 to " + std::to_string(kMaxBatch) + " (default " +
-                             std::to_string(kDefaultBatch) + ")"},
-                        {"steps", "N", "denoiser steps (default " + std::to_string(kDefaultSteps) + ")"},
-                        {"seed", "S",
-                         "noise seed (default " + std::to_string(kDefaultNoiseSeed) +
-                             "); the same seed and --threads give the same tokens"},
-                        {"sampler", "sde|ode", "Euler SDE (default) or probability-flow ODE"}},
-                       {{"output", "FILE", "write the samples there instead of stdout"},
-                        {"ids", "", "print token ids, one line per sample, instead of text"},
-                        kTokenizerOption}),
-    kModelChoice + "Generation runs the " + std::string(Denoiser<>::kName) + ", " +
-        std::string(LatentDecoder<>::kName) + " and " + std::string(TokenDecoder<>::kName) + ". ldlm-base's\n" +
-        "generator weights (--init-seed " + std::to_string(kDefaultInitSeed) +
-        ") allocate about 1 GB and take a few seconds on\n"
-        "2 cores. On a terminal a progress bar with steps/s is shown on stderr.\n"};
+/// The sampler table of generate's help: name, denoiser calls per step, what it is.
+std::string sampler_table() {
+  std::string s = "samplers (--sampler; calls = denoiser calls per step):\n";
+  for (const SamplerInfo& info : kSamplers) {
+    const std::string name(info.name);
+    s += "  " + name + std::string(14 - name.size(), ' ') + std::to_string(info.calls_per_step) + " call" +
+         (info.calls_per_step > 1 ? "s" : " ") + "  " + std::string(info.summary) +
+         (info.kind == kDefaultSampler ? " (default)" : "") + "\n";
+  }
+  s += "time grids (--schedule):\n";
+  for (const TimeGridInfo& info : kTimeGrids) {
+    const std::string name(info.name);
+    s += "  " + name + std::string(14 - name.size(), ' ') + std::string(info.summary) +
+         (info.grid == SamplerOptions{}.grid.grid ? " (default)" : "") + "\n";
+  }
+  return s;
+}
 
-/// Draws "sampling [#####.....] 8/16 steps  3.1 steps/s" on stderr.
+std::string number_text(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+/// The options shared by every command that samples: the solver, its grid and the noise.
+std::vector<Option> sampler_option_list() {
+  const SamplerOptions defaults;
+  return {{"steps", "N",
+           "solver steps (default " + std::to_string(defaults.steps) + "); denoiser calls = N x calls per step"},
+          {"sampler", "NAME", "the solver (default " + std::string(sampler_info(defaults.kind).name) + "; table below)"},
+          {"schedule", "GRID",
+           "the time grid: " + time_grid_names("|") + " (default " +
+               std::string(time_grid_info(defaults.grid.grid).name) + ")"},
+          {"sigma-max", "R",
+           "sigma/alpha where the lambda and karras grids start after the first step (default:\n"
+           "that of the uniform grid's second time, about 19.9 at 10 steps)"},
+          {"rho", "P", "the karras grid's exponent (default " + number_text(defaults.grid.rho) + ")"},
+          {"endpoint", "denoised|sample",
+           "the result: x at t_min, the last step's mean (default), or the last x0 prediction"},
+          {"seed", "S",
+           "noise seed (default " + std::to_string(kDefaultNoiseSeed) +
+               "); the same seed and --threads give the same tokens"}};
+}
+
+/// Draws "sampling [#####.....] 4/10 steps, 4/10 calls  3.1 calls/s" on stderr.
 class ProgressBar {
  public:
   ProgressBar() : start_(std::chrono::steady_clock::now()) {}
 
-  bool operator()(int step, int total) const {
+  bool operator()(const SamplingProgress& p) const {
     constexpr int kWidth = 30;
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     char bar[kWidth + 1];  // no allocation: this runs inside the sampling loop
-    const int filled = kWidth * step / total;
+    const int filled = kWidth * p.step / p.steps;
     for (int i = 0; i < kWidth; ++i) bar[i] = i < filled ? '#' : '.';
     bar[kWidth] = '\0';
-    std::fprintf(stderr, "\rsampling [%s] %d/%d steps  %.2f steps/s", bar, step, total,
-                 seconds > 0 ? step / seconds : 0.0);
-    if (step == total) std::fprintf(stderr, "  (%.2f s)\n", seconds);
+    std::fprintf(stderr, "\rsampling [%s] %d/%d steps, %d/%d denoiser calls  %.2f calls/s", bar, p.step, p.steps,
+                 p.denoiser_calls, p.total_calls, seconds > 0 ? p.denoiser_calls / seconds : 0.0);
+    if (p.step == p.steps) std::fprintf(stderr, "  (%.2f s)\n", seconds);
     std::fflush(stderr);
     return true;
   }
@@ -597,20 +613,59 @@ class ProgressBar {
   std::chrono::steady_clock::time_point start_;
 };
 
-/// --steps, --seed and --sampler.
+/// --steps, --sampler, --schedule, --sigma-max, --rho, --endpoint and --seed.
 SamplerOptions sampler_options(const Args& args) {
   SamplerOptions options;
-  options.steps = static_cast<int>(args.get_int("steps", kDefaultSteps, 1, kMaxSteps));
+  options.steps = static_cast<int>(args.get_int("steps", options.steps, 1, kMaxSteps));
   options.seed = args.get_uint("seed", kDefaultNoiseSeed);
-  const std::string sampler = args.get("sampler", "sde");
-  if (sampler == "sde")
-    options.kind = SamplerKind::sde;
-  else if (sampler == "ode")
-    options.kind = SamplerKind::ode;
+  const std::string sampler = args.get("sampler", std::string(sampler_info(options.kind).name));
+  if (const auto kind = find_sampler(sampler))
+    options.kind = *kind;
   else
-    args.fail("option '--sampler' must be 'sde' or 'ode', got '" + sampler + "'");
+    args.fail("unknown sampler '" + sampler + "' (expected one of: " + sampler_names() + ")");
+  const std::string grid = args.get("schedule", std::string(time_grid_info(options.grid.grid).name));
+  if (const auto found = find_time_grid(grid))
+    options.grid.grid = *found;
+  else
+    args.fail("unknown time grid '" + grid + "' for '--schedule' (expected one of: " + time_grid_names() + ")");
+  options.grid.sigma_max = args.get_double("sigma-max", options.grid.sigma_max, 0.0);
+  options.grid.rho = args.get_double("rho", options.grid.rho, 0.0);
+  const std::string endpoint = args.get("endpoint", options.endpoint == Endpoint::sample ? "sample" : "denoised");
+  if (endpoint == "denoised")
+    options.endpoint = Endpoint::denoised;
+  else if (endpoint == "sample")
+    options.endpoint = Endpoint::sample;
+  else
+    args.fail("option '--endpoint' must be 'denoised' or 'sample', got '" + endpoint + "'");
   return options;
 }
+
+const Command kGenerate{
+    "generate",
+    "sample token sequences with the diffusion model",
+    "",
+    "Sample latents with the denoiser (a solver from pure noise; docs/model.md §Sampler),\n"
+    "decode them and print the text: one sample, or each of --batch samples after a\n"
+    "'--- sample i of B ---' line. Token ids, one line per sample, with --ids or when no\n"
+    "tokenizer fits the model's vocabulary (GPT-2's built-in one fits V = " +
+        std::to_string(kDefaultVocabSize) + ").",
+    with_model_options(
+        [] {
+          std::vector<Option> o = {{"length", "T", "tokens per sequence (default " + std::to_string(kDefaultLength) + ")"},
+                                   {"batch", "B",
+                                    "number of sequences, 1 to " + std::to_string(kMaxBatch) + " (default " +
+                                        std::to_string(kDefaultBatch) + ")"}};
+          for (Option& option : sampler_option_list()) o.push_back(std::move(option));
+          return o;
+        }(),
+        {{"output", "FILE", "write the samples there instead of stdout"},
+         {"ids", "", "print token ids, one line per sample, instead of text"},
+         kTokenizerOption}),
+    sampler_table() + "\n" + kModelChoice + "Generation runs the " + std::string(Denoiser<>::kName) + ", " +
+        std::string(LatentDecoder<>::kName) + " and " + std::string(TokenDecoder<>::kName) + ". ldlm-base's\n" +
+        "generator weights (--init-seed " + std::to_string(kDefaultInitSeed) +
+        ") allocate about 1 GB and take a few seconds on\n"
+        "2 cores. On a terminal a progress bar with steps and denoiser calls is shown on stderr.\n"};
 
 /// Writes the samples to --output, else stdout: as text when a tokenizer fits, else as ids.
 void write_samples(const Args& args, const Config& config, const TokenTensor& tokens) {

@@ -90,16 +90,19 @@ class Pipeline {
     return r;
   }
 
-  /// Samples latents [B, T, d] with the denoiser (see sample_latents in sampler.hpp).
-  Tensor3<S> sample(Context& ctx, Index B, Index T, const SamplerOptions& options) const {
-    return detail::sample_latent_tensor("generate", ctx, model_->denoiser, B, T, options);
+  /// Samples latents [B, T, d] with the denoiser (see sample_latents in sampler.hpp);
+  /// `stats`, if given, receives the steps and denoiser calls made.
+  Tensor3<S> sample(Context& ctx, Index B, Index T, const SamplerOptions& options,
+                    SamplingStats* stats = nullptr) const {
+    return detail::sample_latent_tensor("generate", ctx, model_->denoiser, B, T, options, stats);
   }
 
   /// B sequences of T tokens: sample, then decode. Throws InvalidArgument for B < 1,
   /// T outside [1, max_positions] or steps < 1, SamplingCancelled if the progress
   /// callback returns false.
-  TokenTensor generate(Context& ctx, Index B, Index T, const SamplerOptions& options) const {
-    return decode_tokens(ctx, sample(ctx, B, T, options));
+  TokenTensor generate(Context& ctx, Index B, Index T, const SamplerOptions& options,
+                       SamplingStats* stats = nullptr) const {
+    return decode_tokens(ctx, sample(ctx, B, T, options, stats));
   }
 
  private:

@@ -1,5 +1,6 @@
-// The diffusion sampler of docs/model.md §Sampler: N Euler steps (SDE or probability-flow
-// ODE) of the tangent schedule from t = 1 down to t_min, with self-conditioning.
+// The diffusion sampler of docs/model.md §Sampler over the model's denoiser: noise at
+// t = 1, the solver of solvers.hpp on a time grid of schedule.hpp, self-conditioning on
+// the most recent x̂0.
 //
 // Reproducibility: the Gaussian noise comes from our own generator (NormalGenerator,
 // core/random.hpp: xoshiro256**, Box–Muller in double), not std::normal_distribution,
@@ -16,55 +17,37 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/random.hpp"
 #include "ldlm/model/denoiser.hpp"
 #include "ldlm/sampling/schedule.hpp"
+#include "ldlm/sampling/solvers.hpp"
 
 namespace ldlm {
 
-enum class SamplerKind {
-  sde,  // Euler–Maruyama on the reverse SDE: drift −½βx − β·score, plus sqrt(β)·sqrt(−dt)·ξ
-  ode,  // Euler on the probability-flow ODE: drift −½βx − ½β·score, no noise
-};
+/// The sampler the library and `ldlm generate` use unless told otherwise, chosen by the
+/// measurement of docs/model.md §Choosing the default (bench/results/samplers-*.md).
+inline constexpr SamplerKind kDefaultSampler = SamplerKind::dpmpp_2m;
+inline constexpr int kDefaultSamplerSteps = 10;
+// The default grid is TimeGridOptions{}'s: karras, and the result x at t_min.
 
 struct SamplerOptions {
-  int steps = 50;  // N; docs/model.md fixes no count
-  SamplerKind kind = SamplerKind::sde;
+  SamplerKind kind = kDefaultSampler;
+  int steps = kDefaultSamplerSteps;  // solver steps; the denoiser calls are steps × calls_per_step
+  TimeGridOptions grid;
+  Endpoint endpoint = Endpoint::sample;
+  HeunSelfCondition heun_self_condition = HeunSelfCondition::latest;
   std::uint64_t seed = 0;
-  /// Called after every step with (step, total), step = 1..total. Returning false
-  /// cancels sampling: the sampler throws SamplingCancelled. May be empty.
-  std::function<bool(int step, int total)> progress;
+  /// Called after every step. Returning false cancels sampling: the sampler throws
+  /// SamplingCancelled. May be empty.
+  std::function<bool(const SamplingProgress&)> progress;
 };
 
-/// One Euler step of n values from time t to t_next < t (dt = t_next − t), in place
-/// on x, with x0 = x̂0(x, t) from the denoiser and α, σ, β taken at t:
-///   score = −ε̂/σ, ε̂ = (x − α x̂0)/σ
-///   sde: drift = −½βx − β·score,  x' = x + drift·dt + sqrt(β)·sqrt(−dt)·ξ
-///   ode: drift = −½βx − ½β·score, x' = x + drift·dt
-/// `noise` (ξ, n values) is used by the SDE only; null means "no noise term", i.e.
-/// x' is the step's deterministic mean. Computed in double per element.
-template <class S>
-void euler_step(SamplerKind kind, const TangentSchedule& schedule, double t, double t_next, const S* x0, const S* noise,
-                Index n, S* x) {
-  if (!(t_next < t))
-    throw InvalidArgument("euler_step: t_next must be < t, got t = " + std::to_string(t) +
-                          ", t_next = " + std::to_string(t_next));
-  const double alpha = schedule.alpha(t), sigma = schedule.sigma(t), beta = schedule.beta(t);
-  const double dt = t_next - t;
-  const double score_weight = kind == SamplerKind::sde ? beta : 0.5 * beta;
-  const double noise_scale = kind == SamplerKind::sde && noise ? std::sqrt(beta) * std::sqrt(-dt) : 0.0;
-  for (Index i = 0; i < n; ++i) {
-    const double xi = static_cast<double>(x[i]);
-    const double score = score_from_x0(xi, static_cast<double>(x0[i]), alpha, sigma);
-    const double drift = -0.5 * beta * xi - score_weight * score;
-    double next = xi + drift * dt;
-    if (noise_scale != 0.0) next += noise_scale * static_cast<double>(noise[i]);
-    x[i] = static_cast<S>(next);
-  }
-}
+/// The number of denoiser calls a run with `options` makes.
+inline int denoiser_calls(const SamplerOptions& options) { return denoiser_calls(options.kind, options.steps); }
 
 /// Throws InvalidArgument unless B >= 1, 1 <= T <= max_positions, the batch fits
 /// (check_batch_fits), steps >= 1 and D > 0.
@@ -84,58 +67,48 @@ inline void check_sampling_arguments(std::string_view op, const Config& c, Index
 namespace detail {
 /// sample_latents after check_sampling_arguments: the caller has checked B, T and steps.
 template <class S>
-void sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options,
-                            std::type_identity_t<MatRef<S>> z) {
+SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
+                                     const SamplerOptions& options, std::type_identity_t<MatRef<S>> z,
+                                     const SolverHooks<S>& hooks = {}) {
   const Config& c = denoiser.config;
   const Index rows = B * T, d = c.d_model, n = rows * d;
   check_shape("sample", "z", {rows, d}, Shape{z.rows(), z.cols()});
   const TangentSchedule schedule = TangentSchedule::from_config(c);
-  const int steps = options.steps;
+  const std::vector<double> times = time_grid(options.steps, c.t_min, schedule, options.grid);
 
   Arena::Scope scope(ctx.arena());
   Arena& arena = ctx.arena();
-  double* times = arena.allocate<double>(static_cast<std::size_t>(steps) + 1);
-  {
-    const auto grid = time_grid(steps, c.t_min);
-    std::copy(grid.begin(), grid.end(), times);
-  }
   S* x = arena.allocate<S>(n);
-  S* x0 = arena.allocate<S>(n);
-  S* self_cond = arena.allocate<S>(n);
-  S* noise = options.kind == SamplerKind::sde ? arena.allocate<S>(n) : nullptr;
   S* t_batch = arena.allocate<S>(B);
   const RotaryTable<S> rotary = make_rotary_table<S>(arena, T, c.head_dim, c.rope_base);
 
   NormalGenerator rng(options.seed);
   rng.fill(x, n);
-  std::fill(self_cond, self_cond + n, S(0));
-
-  for (int i = 0; i < steps; ++i) {
-    std::fill(t_batch, t_batch + B, static_cast<S>(times[i]));
-    denoiser.forward(ctx, ConstMatrixMap<S>(x, rows, d), t_batch, ConstMatrixMap<S>(self_cond, rows, d), B, T, rotary,
+  const auto denoise = [&](const S* at, double t, const S* self_cond, S* x0) {
+    std::fill(t_batch, t_batch + B, static_cast<S>(t));
+    denoiser.forward(ctx, ConstMatrixMap<S>(at, rows, d), t_batch, ConstMatrixMap<S>(self_cond, rows, d), B, T, rotary,
                      MatrixMap<S>(x0, rows, d));
-    const bool last = i + 1 == steps;
-    const S* xi = nullptr;
-    if (noise && !last) {
-      rng.fill(noise, n);
-      xi = noise;
-    }
-    euler_step<S>(options.kind, schedule, times[i], times[i + 1], x0, xi, n, x);
-    std::swap(x0, self_cond);  // this step's x̂0 conditions the next step
-    if (options.progress && !options.progress(i + 1, steps))
-      throw SamplingCancelled("sample: cancelled by the progress callback after step " + std::to_string(i + 1) +
-                              " of " + std::to_string(steps));
-  }
+  };
+  SolverSettings settings;
+  settings.kind = options.kind;
+  settings.endpoint = options.endpoint;
+  settings.heun_self_condition = options.heun_self_condition;
+  settings.check_finite = ctx.check_finite;
+  settings.progress = options.progress;
+  const SamplingStats stats = integrate<S>(denoise, settings, schedule, times, n, x, rng, arena, hooks);
   z = ConstMatrixMap<S>(x, rows, d);
+  return stats;
 }
 
 /// Checks the arguments (errors name `op`), then samples latents [B, T, d].
 template <class S>
 Tensor3<S> sample_latent_tensor(std::string_view op, Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
-                                const SamplerOptions& options) {
+                                const SamplerOptions& options, SamplingStats* stats = nullptr,
+                                const SolverHooks<S>& hooks = {}) {
   check_sampling_arguments(op, denoiser.config, B, T, options.steps);
   Tensor3<S> z(B, T, denoiser.config.d_model);
-  sample_latents_checked(ctx, denoiser, B, T, options, as_matrix(z));
+  const SamplingStats done = sample_latents_checked(ctx, denoiser, B, T, options, as_matrix(z), hooks);
+  if (stats) *stats = done;
   return z;
 }
 }  // namespace detail
@@ -143,19 +116,20 @@ Tensor3<S> sample_latent_tensor(std::string_view op, Context& ctx, const Denoise
 /// Checks the arguments (errors name "sample"), then samples latents z [B*T, d] with
 /// the denoiser (docs/model.md §Sampler):
 ///   x ~ N(0, I) at t_0 = 1 (the first B*T*d normals of the seed, row-major);
-///   for i = 0..N-1: x̂0 = denoiser(x, t_i, self_cond) with self_cond = the previous
-///     step's x̂0 (zeros at i = 0); then an Euler step from t_i to t_{i+1}; the SDE
-///     draws ξ for steps 0..N-2 (the next B*T*d normals each).
-///   The result, "the last deterministic mean", is the final step's x without its
-///   noise term: x_{N-1} + drift·dt at t_N = t_min (for the ODE, simply the final x).
-///   It is not the last x̂0; the final step's ξ would be discarded, so none is drawn.
-/// No heap allocation inside the loop: x, x̂0, self_cond, ξ, the times and the
-/// rotary table live in the context's arena, set up once before the first step.
+///   for i = 0..N-1: x̂0 = denoiser(x, t_i, self_cond), self_cond = the most recent x̂0
+///     (zeros at the first call); then a step of options.kind from t_i to t_{i+1} on the
+///     grid of options.grid; a stochastic solver draws ξ for steps 0..N-2 (the next
+///     B*T*d normals each).
+///   The result is options.endpoint: the last x̂0, or x at t_min, the final step's
+///   deterministic mean (no ξ is drawn for it).
+/// No heap allocation inside the loop: x, the x̂0 history, ξ and the rotary table live
+/// in the context's arena, set up once before the first step. Returns the number of
+/// steps and denoiser calls made.
 template <class S>
-void sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options,
-                    std::type_identity_t<MatRef<S>> z) {
+SamplingStats sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
+                             const SamplerOptions& options, std::type_identity_t<MatRef<S>> z) {
   check_sampling_arguments("sample", denoiser.config, B, T, options.steps);
-  detail::sample_latents_checked(ctx, denoiser, B, T, options, z);
+  return detail::sample_latents_checked(ctx, denoiser, B, T, options, z);
 }
 
 /// Tensor form: latents [B, T, d].

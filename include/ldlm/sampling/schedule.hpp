@@ -1,6 +1,6 @@
 // The variance-preserving "tangent" noise schedule of docs/model.md §Noise schedule and the
-// sampling time grid. Everything here is computed in double: the values are
-// scalars per step, so precision is free, and the model type S only enters when a
+// sampling time grids (§Time grids). Everything here is computed in double: the values
+// are scalars per step, so precision is free, and the model type S only enters when a
 // time is handed to the denoiser.
 //
 //   x_t = α(t) x_0 + σ(t) ε,           ε ~ N(0, I), t ∈ [0, 1]
@@ -8,12 +8,19 @@
 //   σ(t) = sqrt(1 − α(t)²)
 //   β(t) = d/dt log(1/α²) = π D² tan(πt/2) (1 + tan²(πt/2)) / (1 + D² tan²(πt/2)),
 //          evaluated at min(t, beta_t_clip) because β → ∞ as t → 1.
+//   λ(t) = log(α/σ) = −log(D tan(πt/2))  (−∞ at t = 1), the exponential solvers' variable
+//   σ/α  = D tan(πt/2), the noise-to-signal ratio of the Karras grid
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 #include <numbers>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ldlm/core/error.hpp"
@@ -40,6 +47,24 @@ struct TangentSchedule {
     return dt / std::sqrt(1.0 + dt * dt);
   }
 
+  /// λ(t) = log(α/σ) = −log(D tan(πt/2)); −∞ at t = 1, where α = 0.
+  double lambda(double t) const {
+    if (t >= 1.0) return -std::numeric_limits<double>::infinity();
+    return -std::log(noise_ratio(t));
+  }
+
+  /// σ/α = D tan(πt/2), the noise-to-signal ratio; +∞ at t = 1.
+  double noise_ratio(double t) const {
+    if (t >= 1.0) return std::numeric_limits<double>::infinity();
+    return d * std::tan(std::numbers::pi * t / 2);
+  }
+
+  /// The time whose σ/α is `ratio` (> 0): t = (2/π) atan(ratio / D).
+  double time_of_noise_ratio(double ratio) const { return 2.0 / std::numbers::pi * std::atan(ratio / d); }
+
+  /// The time whose λ is `lambda`: t = (2/π) atan(e^(−λ) / D).
+  double time_of_lambda(double lambda) const { return time_of_noise_ratio(std::exp(-lambda)); }
+
   /// β(t) with t clipped to beta_t_clip.
   double beta(double t) const {
     const double tc = std::min(t, beta_t_clip);
@@ -57,6 +82,71 @@ inline double score_from_x0(double x_t, double x0, double alpha, double sigma) {
   return -epsilon_from_x0(x_t, x0, alpha, sigma) / sigma;
 }
 
+/// The spacing of a sampling time grid (docs/model.md §Time grids).
+enum class TimeGrid {
+  uniform,  // even in t
+  lambda,   // even in λ = log(α/σ) after the first step
+  karras,   // even in (σ/α)^(1/ρ) after the first step (Karras et al. 2022)
+};
+
+struct TimeGridInfo {
+  TimeGrid grid;
+  std::string_view name;  // as the CLI spells it
+  std::string_view summary;
+};
+
+inline constexpr std::array<TimeGridInfo, 3> kTimeGrids{{
+    {TimeGrid::uniform, "uniform", "even in t"},
+    {TimeGrid::lambda, "lambda", "even in log(alpha/sigma) after the first step"},
+    {TimeGrid::karras, "karras", "Karras' rho-grid in sigma/alpha after the first step"},
+}};
+
+inline const TimeGridInfo& time_grid_info(TimeGrid grid) {
+  for (const auto& info : kTimeGrids)
+    if (info.grid == grid) return info;
+  throw InvalidArgument("time grid: unknown TimeGrid value " + std::to_string(static_cast<int>(grid)));
+}
+
+/// The grid named `name`, if there is one.
+inline std::optional<TimeGrid> find_time_grid(std::string_view name) {
+  for (const auto& info : kTimeGrids)
+    if (info.name == name) return info.grid;
+  return std::nullopt;
+}
+
+/// The names of every grid, joined by `separator`.
+inline std::string time_grid_names(std::string_view separator = ", ") {
+  std::string s;
+  for (const auto& info : kTimeGrids) s += (s.empty() ? "" : std::string(separator)) + std::string(info.name);
+  return s;
+}
+
+/// How a grid is spaced. sigma_max and rho apply to the λ and Karras grids only.
+struct TimeGridOptions {
+  TimeGrid grid = TimeGrid::karras;
+  /// σ/α at t_1, where the λ and Karras grids start after the first step from t = 1;
+  /// 0 takes the uniform grid's t_1 = 1 − (1 − t_min)/steps, so that the first step
+  /// shrinks as steps grow and the grid converges (σ/α ≈ 19.9 at 10 steps).
+  double sigma_max = 0.0;
+  double rho = 7.0;  // the Karras grid's exponent
+};
+
+/// Throws InvalidArgument unless `times` has at least two entries, starts at most
+/// at 1, ends above 0 and strictly decreases; `op` names the caller.
+inline void check_time_grid(std::string_view op, std::span<const double> times) {
+  const std::string where(op);
+  if (times.size() < 2)
+    throw InvalidArgument(where + ": a time grid needs at least 2 times, got " + std::to_string(times.size()));
+  if (!(times.front() <= 1.0) || !(times.back() > 0.0))
+    throw InvalidArgument(where + ": a time grid must lie in (0, 1], got t_0 = " + std::to_string(times.front()) +
+                          " and t_" + std::to_string(times.size() - 1) + " = " + std::to_string(times.back()));
+  for (std::size_t i = 0; i + 1 < times.size(); ++i)
+    if (!(times[i + 1] < times[i]))
+      throw InvalidArgument(where + ": a time grid must decrease strictly, got t_" + std::to_string(i) + " = " +
+                            std::to_string(times[i]) + " and t_" + std::to_string(i + 1) + " = " +
+                            std::to_string(times[i + 1]));
+}
+
 /// steps + 1 evenly spaced times from 1 down to t_min: t_i = 1 − i (1 − t_min) / steps,
 /// with both endpoints exact. Step i goes from t_i to t_{i+1}.
 inline std::vector<double> time_grid(int steps, double t_min) {
@@ -65,6 +155,43 @@ inline std::vector<double> time_grid(int steps, double t_min) {
     throw InvalidArgument("time_grid: t_min must be in (0, 1), got " + std::to_string(t_min));
   std::vector<double> t(static_cast<std::size_t>(steps) + 1);
   for (int i = 0; i <= steps; ++i) t[i] = 1.0 - (1.0 - t_min) * i / steps;
+  t.back() = t_min;
+  return t;
+}
+
+/// steps + 1 times from t_0 = 1 down to t_steps = t_min (both exact), spaced as
+/// `options` says (docs/model.md §Time grids). Every grid starts at t = 1, where the
+/// prior N(0, I) is exact. The λ and Karras grids cannot space their first step,
+/// which is infinitely long in λ and in σ/α, so it goes from 1 to t_1 with σ/α = sigma_max
+/// (0: the uniform grid's t_1);
+/// the other steps are spaced between t_1 and t_min:
+///   lambda: λ_i = λ_1 + (i − 1)/(steps − 1) · (λ(t_min) − λ_1)
+///   karras: (σ/α)_i = (r_1^(1/ρ) + (i − 1)/(steps − 1) · (r_min^(1/ρ) − r_1^(1/ρ)))^ρ
+/// With one step, every grid is {1, t_min}.
+inline std::vector<double> time_grid(int steps, double t_min, const TangentSchedule& schedule,
+                                     const TimeGridOptions& options) {
+  if (options.grid == TimeGrid::uniform || steps == 1) return time_grid(steps, t_min);
+  std::vector<double> t = time_grid(steps, t_min);  // checks steps and t_min
+  const double r_min = schedule.noise_ratio(t_min);
+  const std::string name(time_grid_info(options.grid).name);
+  const double sigma_max = options.sigma_max == 0.0 ? schedule.noise_ratio(t[1]) : options.sigma_max;
+  if (!(sigma_max > r_min) || !std::isfinite(sigma_max))
+    throw InvalidArgument("time_grid " + name + ": sigma_max must be finite and above sigma/alpha at t_min = " +
+                          std::to_string(r_min) + ", got " + std::to_string(options.sigma_max));
+  if (options.grid == TimeGrid::karras && !(options.rho > 0 && std::isfinite(options.rho)))
+    throw InvalidArgument("time_grid karras: rho must be finite and > 0, got " + std::to_string(options.rho));
+  const int last = steps - 1;  // intervals between t_1 and t_steps
+  for (int i = 1; i < steps; ++i) {
+    const double f = static_cast<double>(i - 1) / last;
+    if (options.grid == TimeGrid::lambda) {
+      const double l1 = -std::log(sigma_max), l_min = -std::log(r_min);
+      t[i] = schedule.time_of_lambda(l1 + f * (l_min - l1));
+    } else {
+      const double a = std::pow(sigma_max, 1.0 / options.rho), b = std::pow(r_min, 1.0 / options.rho);
+      t[i] = schedule.time_of_noise_ratio(std::pow(a + f * (b - a), options.rho));
+    }
+  }
+  t.front() = 1.0;
   t.back() = t_min;
   return t;
 }
