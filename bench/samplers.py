@@ -40,19 +40,17 @@ def plot(runs, path, title):
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     lines = {}
     for r in runs:
-        if r["heun_self_condition"] != "latest":
-            continue
-        lines.setdefault((r["sampler"], r["grid"]), []).append(r)
+        if r["heun_self_condition"] == "latest" and r["grid"] in ("uniform", "karras"):
+            lines.setdefault((r["sampler"], r["grid"]), []).append(r)
+    samplers = sorted({k[0] for k in lines})
+    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(samplers)}
     for (sampler, grid), rows in sorted(lines.items()):
-        if grid != "karras" and sampler not in ("sde", "ode"):
-            if grid != "uniform":
-                continue
         rows.sort(key=lambda r: r["calls"])
         style = "--" if grid == "uniform" else "-"
         label = f"{sampler} ({grid})"
-        axes[0].plot([r["calls"] for r in rows], [r["rmse_sample"] for r in rows], style, marker="o", ms=3, label=label)
-        axes[1].plot([r["calls"] for r in rows], [1 - r["agreement_sample"] for r in rows], style, marker="o", ms=3,
-                     label=label)
+        for ax, value in zip(axes, [lambda r: r["rmse_sample"], lambda r: max(1 - r["agreement_sample"], 1e-3)]):
+            ax.plot([r["calls"] for r in rows], [value(r) for r in rows], style, color=colors[sampler], marker="o",
+                    ms=3, label=label)
     for ax, what in zip(axes, ["latent RMSE at t_min", "share of token ids that differ"]):
         ax.set_xscale("log")
         ax.set_yscale("log")
