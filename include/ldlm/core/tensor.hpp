@@ -3,9 +3,6 @@
 // so a [B, T, d] activation is a [B*T, d] matrix without copying.
 #pragma once
 
-#include <Eigen/Core>
-#include <unsupported/Eigen/CXX11/Tensor>
-
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -14,6 +11,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "ldlm/core/eigen.hpp"
 #include "ldlm/core/error.hpp"
 
 namespace ldlm {

@@ -1,12 +1,11 @@
 // Element-wise activations, in place over a contiguous range (vectorised by Eigen).
 #pragma once
 
-#include <unsupported/Eigen/SpecialFunctions>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
+#include "ldlm/core/eigen.hpp"
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/tensor.hpp"
 
