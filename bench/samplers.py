@@ -10,26 +10,10 @@ measure, /usr/share/dict/words from Debian's wamerican) when the JSON carries te
 import argparse
 import json
 import os
-import re
 import sys
 
-
-def dictionary_share(texts, words):
-    found = total = 0
-    for text in texts:
-        for w in re.findall(r"[A-Za-z]+(?:'[A-Za-z]+)?", text):
-            total += 1
-            lw = w.lower()
-            found += lw in words or (lw.endswith("'s") and lw[:-2] in words)
-    return found / max(1, total)
-
-
-def load_words():
-    path = "/usr/share/dict/words"
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return {line.strip().lower() for line in f if line.strip()}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "train"))
+from dictionary import dictionary_share, load_dictionary  # noqa: E402
 
 
 def plot(runs, path, title):
@@ -71,7 +55,7 @@ def main():
     with open(a.results) as f:
         data = json.load(f)
     meta, runs = data["meta"], data["runs"]
-    words = load_words()
+    words = load_dictionary()
     for r in runs:
         texts = r.pop("texts_denoised_sample", None)
         if texts and words:

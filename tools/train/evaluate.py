@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -34,8 +33,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
-
-DICT_PATH = "/usr/share/dict/words"
+from dictionary import DICT_PATH, dictionary_share  # noqa: E402
+from dictionary import load_dictionary as read_dictionary  # noqa: E402
 
 
 @torch.no_grad()
@@ -72,21 +71,11 @@ def heldout_sequences(data_dir: str, max_len: int):
     return seqs, sources
 
 
-def dictionary_share(texts: list[str], words: set[str]) -> float:
-    found = total = 0
-    for text in texts:
-        for w in re.findall(r"[A-Za-z]+(?:'[A-Za-z]+)?", text):
-            total += 1
-            lw = w.lower()
-            found += lw in words or (lw.endswith("'s") and lw[:-2] in words)
-    return found / max(1, total)
-
-
 def load_dictionary() -> set[str]:
-    if not os.path.exists(DICT_PATH):
+    words = read_dictionary()
+    if words is None:
         sys.exit(f"evaluate: {DICT_PATH} is missing; install it with: apt-get install wamerican")
-    with open(DICT_PATH, encoding="utf-8", errors="replace") as f:
-        return {line.strip().lower() for line in f if line.strip()}
+    return words
 
 
 def plot_log(log_path: str, out_png: str) -> None:
