@@ -65,16 +65,12 @@ struct Evaluator {
     r.denoised.resize(n);
     NormalGenerator rng(seed);
     rng.fill(r.sample.data(), n);
-    Tensor1<float> t_batch(1);
     Arena::Scope scope(ctx.arena());
-    const RotaryTable<float> rotary = make_rotary_table<float>(ctx.arena(), T, c.head_dim, c.rope_base);
+    const DenoiserCall<float> call(ctx, model.denoiser, 1, T);
     double denoiser_seconds = 0;
     const auto denoise = [&](const float* x, double t, const float* self_cond, float* x0) {
       const auto start = std::chrono::steady_clock::now();
-      t_batch(0) = static_cast<float>(t);
-      model.denoiser.forward(ctx, ConstMatrixMap<float>(x, T, c.d_model), t_batch.data(),
-                             ConstMatrixMap<float>(self_cond, T, c.d_model), 1, T, rotary,
-                             MatrixMap<float>(x0, T, c.d_model));
+      call(x, t, self_cond, x0);
       denoiser_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     SolverHooks<float> hooks;

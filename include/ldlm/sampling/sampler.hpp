@@ -64,6 +64,35 @@ inline void check_sampling_arguments(std::string_view op, const Config& c, Index
     throw InvalidArgument(where + ": config 'schedule_d' must be > 0, got " + std::to_string(c.schedule_d));
 }
 
+/// The model's denoiser as the callable `integrate` takes: x̂0 for B sequences of T
+/// positions, every sequence at the call's time t. Its [B] times and rotary table come
+/// from the context's arena, so it lives inside the caller's Arena::Scope.
+template <class S>
+class DenoiserCall {
+ public:
+  DenoiserCall(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T)
+      : ctx_(ctx),
+        denoiser_(denoiser),
+        B_(B),
+        T_(T),
+        times_(ctx.arena().allocate<S>(static_cast<std::size_t>(B))),
+        rotary_(make_rotary_table<S>(ctx.arena(), T, denoiser.config.head_dim, denoiser.config.rope_base)) {}
+
+  void operator()(const S* x, double t, const S* self_cond, S* x0) const {
+    const Index rows = B_ * T_, d = denoiser_.config.d_model;
+    std::fill(times_, times_ + B_, static_cast<S>(t));
+    denoiser_.forward(ctx_, ConstMatrixMap<S>(x, rows, d), times_, ConstMatrixMap<S>(self_cond, rows, d), B_, T_,
+                      rotary_, MatrixMap<S>(x0, rows, d));
+  }
+
+ private:
+  Context& ctx_;
+  const Denoiser<S>& denoiser_;
+  Index B_, T_;
+  S* times_;
+  RotaryTable<S> rotary_;
+};
+
 namespace detail {
 /// sample_latents after check_sampling_arguments: the caller has checked B, T and steps.
 template <class S>
@@ -79,16 +108,10 @@ SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, 
   Arena::Scope scope(ctx.arena());
   Arena& arena = ctx.arena();
   S* x = arena.allocate<S>(n);
-  S* t_batch = arena.allocate<S>(B);
-  const RotaryTable<S> rotary = make_rotary_table<S>(arena, T, c.head_dim, c.rope_base);
+  const DenoiserCall<S> denoise(ctx, denoiser, B, T);
 
   NormalGenerator rng(options.seed);
   rng.fill(x, n);
-  const auto denoise = [&](const S* at, double t, const S* self_cond, S* x0) {
-    std::fill(t_batch, t_batch + B, static_cast<S>(t));
-    denoiser.forward(ctx, ConstMatrixMap<S>(at, rows, d), t_batch, ConstMatrixMap<S>(self_cond, rows, d), B, T, rotary,
-                     MatrixMap<S>(x0, rows, d));
-  };
   SolverSettings settings;
   settings.kind = options.kind;
   settings.endpoint = options.endpoint;

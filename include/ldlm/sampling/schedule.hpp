@@ -82,6 +82,24 @@ inline double score_from_x0(double x_t, double x0, double alpha, double sigma) {
   return -epsilon_from_x0(x_t, x0, alpha, sigma) / sigma;
 }
 
+namespace detail {
+/// The entry of a table of named choices (kTimeGrids, kSamplers) called `name`, or null.
+template <class Table>
+const typename Table::value_type* find_named(const Table& table, std::string_view name) {
+  for (const auto& entry : table)
+    if (entry.name == name) return &entry;
+  return nullptr;
+}
+
+/// The names of a table's entries, joined by `separator`.
+template <class Table>
+std::string joined_names(const Table& table, std::string_view separator) {
+  std::string s;
+  for (const auto& entry : table) s += (s.empty() ? "" : std::string(separator)) + std::string(entry.name);
+  return s;
+}
+}  // namespace detail
+
 /// The spacing of a sampling time grid (docs/model.md §Time grids).
 enum class TimeGrid {
   uniform,  // even in t
@@ -109,16 +127,13 @@ inline const TimeGridInfo& time_grid_info(TimeGrid grid) {
 
 /// The grid named `name`, if there is one.
 inline std::optional<TimeGrid> find_time_grid(std::string_view name) {
-  for (const auto& info : kTimeGrids)
-    if (info.name == name) return info.grid;
+  if (const auto* info = detail::find_named(kTimeGrids, name)) return info->grid;
   return std::nullopt;
 }
 
 /// The names of every grid, joined by `separator`.
 inline std::string time_grid_names(std::string_view separator = ", ") {
-  std::string s;
-  for (const auto& info : kTimeGrids) s += (s.empty() ? "" : std::string(separator)) + std::string(info.name);
-  return s;
+  return detail::joined_names(kTimeGrids, separator);
 }
 
 /// How a grid is spaced. sigma_max and rho apply to the λ and Karras grids only.

@@ -66,16 +66,11 @@ inline const SamplerInfo& sampler_info(SamplerKind kind) {
 }
 
 inline std::optional<SamplerKind> find_sampler(std::string_view name) {
-  for (const auto& info : kSamplers)
-    if (info.name == name) return info.kind;
+  if (const auto* info = detail::find_named(kSamplers, name)) return info->kind;
   return std::nullopt;
 }
 
-inline std::string sampler_names(std::string_view separator = ", ") {
-  std::string s;
-  for (const auto& info : kSamplers) s += (s.empty() ? "" : std::string(separator)) + std::string(info.name);
-  return s;
-}
+inline std::string sampler_names(std::string_view separator = ", ") { return detail::joined_names(kSamplers, separator); }
 
 /// What the sampler returns (docs/model.md §The result).
 enum class Endpoint {
