@@ -80,8 +80,8 @@ struct Evaluator {
     settings.endpoint = Endpoint::sample;
     settings.heun_self_condition = heun;
     const auto start = std::chrono::steady_clock::now();
-    const SamplingStats stats = integrate<float>(denoise, settings, schedule, times, n, r.sample.data(), rng,
-                                                 ctx.arena(), hooks);
+    const SamplingStats stats =
+        integrate<float>(denoise, settings, schedule, times, n, r.sample.data(), rng, ctx.arena(), hooks);
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     r.denoiser_seconds = denoiser_seconds;
     r.calls = stats.denoiser_calls;
@@ -138,7 +138,8 @@ int main(int argc, char** argv) try {
   for (const auto& name : split(arg(args, "samplers", sampler_names(","))))
     samplers.push_back(find_sampler(name).value());
   std::vector<TimeGrid> grids;
-  for (const auto& name : split(arg(args, "grids", time_grid_names(",")))) grids.push_back(find_time_grid(name).value());
+  for (const auto& name : split(arg(args, "grids", time_grid_names(","))))
+    grids.push_back(find_time_grid(name).value());
 
   std::optional<SafetensorsFile> file;
   Config config;
@@ -249,8 +250,8 @@ int main(int argc, char** argv) try {
           if (tokenizer) row["texts_denoised_sample"] = texts;
           std::fprintf(stderr, "%-13s %-8s %4d calls: agreement %.3f (sample %.3f), rmse %.4f (sample %.4f)\n",
                        std::string(info.name).c_str(), std::string(time_grid_info(grid_kind).name).c_str(), nfe,
-                       double(row["agreement_denoised"]), double(row["agreement_sample"]),
-                       double(row["rmse_denoised"]), double(row["rmse_sample"]));
+                       double(row["agreement_denoised"]), double(row["agreement_sample"]), double(row["rmse_denoised"]),
+                       double(row["rmse_sample"]));
           out["runs"].push_back(row);
         }
       }

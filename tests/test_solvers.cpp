@@ -56,7 +56,8 @@ double solver_error(SamplerKind kind, int steps, double t0, Endpoint endpoint = 
   for (Index i = 0; i < kValues; ++i) {
     const double exact_x = start[i] * g.spread(0.05);
     const double a = g.schedule.alpha(0.05), sg = g.schedule.sigma(0.05);
-    const double exact = endpoint == Endpoint::sample ? exact_x : a * g.s * g.s * exact_x / (a * a * g.s * g.s + sg * sg);
+    const double exact =
+        endpoint == Endpoint::sample ? exact_x : a * g.s * g.s * exact_x / (a * a * g.s * g.s + sg * sg);
     worst = std::max(worst, std::abs(x[i] - exact));
   }
   return worst;
@@ -288,17 +289,27 @@ std::string error_of(F&& f) {
 
 TEST(SolverErrors, BadGridsAndPredictionsAreClearErrors) {
   const TangentSchedule s;
-  EXPECT_THAT(error_of([&] { check_time_grid("sample", std::vector<double>{1.0, 0.5, 0.5, 0.1}); }),
+  EXPECT_THAT(error_of([&] {
+                check_time_grid("sample", std::vector<double>{1.0, 0.5, 0.5, 0.1});
+              }),
               HasSubstr("sample: a time grid must decrease strictly, got t_1 = 0.500000 and t_2 = 0.500000"));
   EXPECT_THAT(error_of([&] { check_time_grid("sample", std::vector<double>{1.0}); }),
               HasSubstr("a time grid needs at least 2 times, got 1"));
-  EXPECT_THAT(error_of([&] { check_time_grid("sample", std::vector<double>{1.5, 0.1}); }),
+  EXPECT_THAT(error_of([&] {
+                check_time_grid("sample", std::vector<double>{1.5, 0.1});
+              }),
               HasSubstr("a time grid must lie in (0, 1]"));
-  EXPECT_THAT(error_of([&] { check_time_grid("sample", std::vector<double>{1.0, 0.0}); }),
+  EXPECT_THAT(error_of([&] {
+                check_time_grid("sample", std::vector<double>{1.0, 0.0});
+              }),
               HasSubstr("a time grid must lie in (0, 1]"));
-  EXPECT_THAT(error_of([&] { time_grid(4, 0.05, s, TimeGridOptions{TimeGrid::karras, 0.1, 7}); }),
+  EXPECT_THAT(error_of([&] {
+                time_grid(4, 0.05, s, TimeGridOptions{TimeGrid::karras, 0.1, 7});
+              }),
               HasSubstr("time_grid karras: sigma_max must be finite and above sigma/alpha at t_min"));
-  EXPECT_THAT(error_of([&] { time_grid(4, 0.05, s, TimeGridOptions{TimeGrid::karras, 20, 0}); }),
+  EXPECT_THAT(error_of([&] {
+                time_grid(4, 0.05, s, TimeGridOptions{TimeGrid::karras, 20, 0});
+              }),
               HasSubstr("rho must be finite and > 0"));
   EXPECT_THAT(error_of([&] { time_grid(0, 0.05, s, TimeGridOptions{TimeGrid::lambda}); }),
               HasSubstr("steps must be >= 1, got 0"));

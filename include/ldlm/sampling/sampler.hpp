@@ -149,8 +149,8 @@ Tensor3<S> sample_latent_tensor(std::string_view op, Context& ctx, const Denoise
 /// in the context's arena, set up once before the first step. Returns the number of
 /// steps and denoiser calls made.
 template <class S>
-SamplingStats sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
-                             const SamplerOptions& options, std::type_identity_t<MatRef<S>> z) {
+SamplingStats sample_latents(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T, const SamplerOptions& options,
+                             std::type_identity_t<MatRef<S>> z) {
   check_sampling_arguments("sample", denoiser.config, B, T, options.steps);
   return detail::sample_latents_checked(ctx, denoiser, B, T, options, z);
 }

@@ -70,7 +70,9 @@ inline std::optional<SamplerKind> find_sampler(std::string_view name) {
   return std::nullopt;
 }
 
-inline std::string sampler_names(std::string_view separator = ", ") { return detail::joined_names(kSamplers, separator); }
+inline std::string sampler_names(std::string_view separator = ", ") {
+  return detail::joined_names(kSamplers, separator);
+}
 
 /// What the sampler returns (docs/model.md §The result).
 enum class Endpoint {
@@ -276,8 +278,8 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
         const double cx = e.sigma_ratio * e.decay, phi = -std::expm1(-2.0 * e.h), cd = e.alpha_next * phi;
         const double cnoise = e.sigma_next * std::sqrt(phi);
         const bool one = previous && std::isfinite(h_previous);
-        const bool two = settings.kind == SamplerKind::dpmpp_3m_sde && one && before_previous &&
-                         std::isfinite(h_before_previous);
+        const bool two =
+            settings.kind == SamplerKind::dpmpp_3m_sde && one && before_previous && std::isfinite(h_before_previous);
         // 2M SDE (midpoint): α'·½(1 − e^(−2h))/r·(D − D_prev).
         // 3M SDE: α'·(φ2·d1 − φ3·d2), φ2 = 1 − (1 − e^(−2h))/(2h), φ3 = φ2/(2h) − ½.
         const double h2 = 2.0 * e.h;
