@@ -3,7 +3,7 @@
 //
 //   ldlm_sampler_eval [--weights W.safetensors | --init-seed S] [--length T] [--seeds K]
 //                     [--reference-steps N] [--calls 4,6,...] [--samplers a,b] [--grids a,b]
-//                     [--threads N] --output results.json
+//                     [--sigma-max R] [--rho P] [--threads N] --output results.json
 //
 // For each seed, the reference is the exact probability-flow ODE solved by dpmpp-2m on the
 // uniform grid with N and 2N steps; the tool reports how far the two agree, which bounds
@@ -125,13 +125,14 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr,
                  "usage: ldlm_sampler_eval (--weights W.safetensors | --init-seed S) --output R.json [--length T]\n"
                  "       [--seeds K] [--reference-steps N] [--calls 4,6,..] [--samplers a,b] [--grids a,b]\n"
-                 "       [--sigma-max R] [--threads N] [--tokenizer DIR]\n");
+                 "       [--sigma-max R] [--rho P] [--threads N] [--tokenizer DIR]\n");
     return 2;
   }
   const Index T = std::stoll(arg(args, "length", "64"));
   const int seeds = std::stoi(arg(args, "seeds", "8"));
   const int reference_steps = std::stoi(arg(args, "reference-steps", "1000"));
   const double sigma_max = std::stod(arg(args, "sigma-max", "0"));
+  const double rho = std::stod(arg(args, "rho", "7"));
   std::vector<int> calls;
   for (const auto& c : split(arg(args, "calls", "4,6,8,10,15,20,30,50,100"))) calls.push_back(std::stoi(c));
   std::vector<SamplerKind> samplers;
@@ -163,6 +164,7 @@ int main(int argc, char** argv) try {
                  {"seeds", seeds},
                  {"reference_steps", reference_steps},
                  {"sigma_max", sigma_max},
+                 {"rho", rho},
                  {"cpu", cpu_features().brand},
                  {"cpu_family", cpu_features().family},
                  {"cpu_model", cpu_features().model},
@@ -204,6 +206,7 @@ int main(int argc, char** argv) try {
       TimeGridOptions grid;
       grid.grid = grid_kind;
       grid.sigma_max = sigma_max;
+      grid.rho = rho;
       for (const int nfe : calls) {
         const int steps = nfe / info.calls_per_step;
         if (steps < 1 || steps * info.calls_per_step != nfe) continue;

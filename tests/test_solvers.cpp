@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <tuple>
 #include <vector>
 
 #include "ldlm/ldlm.hpp"
@@ -89,6 +90,21 @@ TEST(SolverOrder, SecondOrderSolversConvergeAtOrderTwo) {
   const double ddim = observed_order(SamplerKind::ddim, 32, 1.0);
   EXPECT_GT(ddim, 0.8);
   EXPECT_LT(ddim, 1.3);
+}
+
+TEST(SolverOrder, ThirdOrderSolversConvergeAtOrderThree) {
+  // 3M and UniPC's 2M predictor with its corrector are third order, UniPC's 3M
+  // predictor with the corrector fourth; from t = 1 too, where the first steps are
+  // first order.
+  for (double t0 : {0.9, 1.0}) {
+    for (auto [kind, low, high] :
+         {std::tuple{SamplerKind::dpmpp_3m, 2.6, 3.5}, std::tuple{SamplerKind::unipc, 2.6, 3.5},
+          std::tuple{SamplerKind::unipc_3m, 3.4, 4.6}}) {
+      const double order = observed_order(kind, 64, t0);
+      EXPECT_GT(order, low) << sampler_info(kind).name << " from t0 = " << t0;
+      EXPECT_LT(order, high) << sampler_info(kind).name << " from t0 = " << t0;
+    }
+  }
 }
 
 TEST(SolverOrder, SecondOrderBeatsFirstOrderAtEqualCalls) {
@@ -179,6 +195,69 @@ TEST(SolverStep, Dpmpp2mSecondStepMatchesHandComputation) {
   const double d_bar = -0.2 + h / (2 * h_prev) * (-0.2 - 0.4);
   hand = s.sigma(0.3) / s.sigma(0.6) * hand + s.alpha(0.3) * (1 - std::exp(-h)) * d_bar;
   EXPECT_NEAR(x[0], static_cast<double>(hand), 1e-14);
+}
+
+TEST(SolverStep, UniPCCorrectsWithTheNextCallsPrediction) {
+  // docs/model.md §Solvers, from a grid that starts below 1: step 0 predicts with ddim;
+  // step 1's call, at that x_1, gives D_1, which corrects x_1 with ρ = b_1(h_0) before
+  // step 1 predicts x_2 from the corrected x_1 with the 2M rule. The final x_2 is not
+  // corrected.
+  const TangentSchedule s;
+  const std::vector<double> times = {0.8, 0.6, 0.3};
+  std::vector<double> x = {0.7};
+  std::vector<double> seen;
+  int call = 0;
+  const double predictions[2] = {0.4, -0.2};
+  auto denoise = [&](const double* at, double, const double*, double* out) {
+    seen.push_back(at[0]);
+    out[0] = predictions[call++];
+  };
+  NormalGenerator rng(0);
+  Arena arena;
+  SolverSettings settings;
+  settings.kind = SamplerKind::unipc;
+  integrate<double>(denoise, settings, s, times, 1, x.data(), rng, arena);
+  auto lam = [&](double t) { return std::log(s.alpha(t) / s.sigma(t)); };
+  const double h0 = lam(0.6) - lam(0.8), h1 = lam(0.3) - lam(0.6);
+  const double c0 = s.alpha(0.6) * (1 - std::exp(-h0)), c1 = s.alpha(0.3) * (1 - std::exp(-h1));
+  const double base0 = s.sigma(0.6) / s.sigma(0.8) * 0.7 + c0 * 0.4;
+  EXPECT_NEAR(seen[1], base0, 1e-14) << "the second call sees the predicted x_1";
+  const double b1 = ((1 - std::exp(-h0)) / h0 - 1) / (std::exp(-h0) - 1);
+  const double corrected = base0 + c0 * b1 * (-0.2 - 0.4);
+  const double d_bar = -0.2 + h1 / (2 * h0) * (-0.2 - 0.4);
+  EXPECT_NEAR(x[0], s.sigma(0.3) / s.sigma(0.6) * corrected + c1 * d_bar, 1e-14);
+}
+
+TEST(SolverHooks, AStepHookAlsoSeesUniPCsCorrectedX) {
+  // An x-space condition pins x after every step; UniPC's corrector moves x_i again after
+  // the call at t_i, so the hook runs once more on it, at t_i and before the next step.
+  for (SamplerKind kind : {SamplerKind::unipc, SamplerKind::unipc_3m}) {
+    const TangentSchedule s;
+    std::vector<double> seen;
+    auto denoise = [&](const double* at, double, const double*, double* out) {
+      seen.push_back(at[0]);
+      out[0] = 0.25 * static_cast<double>(seen.size());
+    };
+    std::vector<double> x = {0.0};
+    NormalGenerator rng(0);
+    Arena arena;
+    SolverSettings settings;
+    settings.kind = kind;
+    SolverHooks<double> hooks;
+    std::vector<double> hook_times;
+    hooks.on_step = [&](double t, bool, double* values) {
+      hook_times.push_back(t);
+      values[0] = 5.0;
+    };
+    std::vector<double> predicted;
+    const auto times = time_grid(5, 0.05);
+    integrate<double>(denoise, settings, s, times, 1, x.data(), rng, arena, hooks);
+    // Steps 1 … 4 each correct the x their call saw: 5 step hooks and 4 corrector hooks.
+    EXPECT_EQ(hook_times, (std::vector<double>{times[1], times[1], times[2], times[2], times[3], times[3], times[4],
+                                               times[4], times[5]}))
+        << sampler_info(kind).name;
+    for (std::size_t c = 1; c < seen.size(); ++c) EXPECT_EQ(seen[c], 5.0) << sampler_info(kind).name << ", call " << c;
+  }
 }
 
 TEST(SolverSelfConditioning, EveryCallGetsTheMostRecentPrediction) {
@@ -315,7 +394,7 @@ TEST(SolverErrors, BadGridsAndPredictionsAreClearErrors) {
               HasSubstr("steps must be >= 1, got 0"));
   EXPECT_FALSE(find_sampler("dpmpp_2m").has_value());
   EXPECT_EQ(find_sampler("dpmpp-2m"), SamplerKind::dpmpp_2m);
-  EXPECT_EQ(sampler_names(), "sde, ode, ddim, heun, dpmpp-2m, dpmpp-2m-sde, dpmpp-3m-sde");
+  EXPECT_EQ(sampler_names(), "sde, ode, ddim, heun, dpmpp-2m, dpmpp-2m-sde, dpmpp-3m, dpmpp-3m-sde, unipc, unipc-3m");
 
   auto nan_at_third = [calls = 0](const double*, double, const double*, double* out) mutable {
     out[0] = ++calls == 3 ? std::numeric_limits<double>::quiet_NaN() : 0.0;

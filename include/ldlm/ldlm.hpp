@@ -6,7 +6,8 @@
 //             activations, rotary, attention)
 //   nn/       modules owning named parameters (Linear, norms, FFNs, attention)
 //   model/    the configuration, the five LDLM modules, self-describing checkpoints
-//   sampling/ the diffusion schedule, the sampler and the end-to-end pipeline
+//   sampling/ the diffusion schedule, the solvers, conditioning on known latents, the
+//             sampler and the end-to-end pipeline
 //   io/       safetensors reading/writing, checkpoint loading, GPT-2's tokenizer
 #pragma once
 
@@ -18,9 +19,11 @@
 #include "ldlm/core/parameter.hpp"
 #include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
+#include "ldlm/model/accounting.hpp"
 #include "ldlm/model/checkpoint.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/model/model.hpp"
+#include "ldlm/sampling/condition.hpp"
 #include "ldlm/sampling/pipeline.hpp"
 #include "ldlm/sampling/sampler.hpp"
 #include "ldlm/sampling/schedule.hpp"

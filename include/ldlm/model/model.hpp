@@ -1,4 +1,4 @@
-// The LDLM aggregate and its parameter accounting (docs/model.md §Parameter accounting).
+// The LDLM aggregate: its five modules, in state-dict order, and the one table of them.
 #pragma once
 
 #include <cstdint>
@@ -78,77 +78,6 @@ template <class F>
 void LDLM<S>::visit(const std::string& prefix, F&& f) {
   for_each_module(*this,
                   [&](std::string_view name, auto& module) { module.visit(prefix + std::string(name) + ".", f); });
-}
-
-/// One row of the parameter table: a module and its trained/frozen counts.
-struct ModuleParameters {
-  std::string module;  // state-dict prefix without the dot
-  ParameterCounts counts;
-
-  bool operator==(const ModuleParameters&) const = default;
-};
-
-/// Per-module counts of an instantiated (not necessarily allocated) model.
-template <class S>
-std::vector<ModuleParameters> parameter_table(const LDLM<S>& m) {
-  std::vector<ModuleParameters> table;
-  for_each_module(m, [&](std::string_view name, const auto& module) {
-    table.push_back({std::string(name), count_parameters(module)});
-  });
-  return table;
-}
-
-/// The parameter table as text: a row per module (trained, frozen), the totals and
-/// the denoiser's final LayerNorm, the figures docs/model.md §Parameter accounting
-/// documents. `ldlm params` and examples/params.cpp print it.
-template <class S>
-std::string parameter_table_text(const LDLM<S>& m) {
-  char line[96];
-  std::string text;
-  const auto add = [&](const char* label, std::int64_t trained, std::optional<std::int64_t> frozen = {}) {
-    if (frozen)
-      std::snprintf(line, sizeof line, "%-26s %14lld %14lld\n", label, static_cast<long long>(trained),
-                    static_cast<long long>(*frozen));
-    else
-      std::snprintf(line, sizeof line, "%-26s %14lld\n", label, static_cast<long long>(trained));
-    text += line;
-  };
-  std::snprintf(line, sizeof line, "%-26s %14s %14s\n", "module", "trained", "frozen");
-  text += line;
-  for (const auto& row : parameter_table(m)) add(row.module.c_str(), row.counts.trained, row.counts.frozen);
-  const ParameterCounts total = count_parameters(m);
-  add("trained total", total.trained);
-  add("frozen total", total.frozen);
-  add("denoiser final LayerNorm", count_parameters(m.denoiser.output_layer.norm_final).total());
-  return text;
-}
-
-/// Counts of the model a config describes, from its shapes alone: nothing is
-/// allocated, so counting ldlm-base costs no 1.7 GB.
-inline ParameterCounts count_parameters(const Config& c) { return count_parameters(LDLM<float>(c)); }
-
-/// The same counts as closed-form expressions in the config, written independently
-/// of the modules; a test holds the two to each other.
-inline std::vector<ModuleParameters> analytic_parameter_table(const Config& c) {
-  const std::int64_t d = c.d_model, h = c.mlp_hidden(), P = c.max_positions, V = c.vocab_size;
-  const std::int64_t ffn = 2 * d + d * h + h + h * d + d;
-  const std::int64_t latent_attn =
-      2 * d + d * d + 2 * (2 * d * d) + (c.latent_attention_qk_norm ? 2 * c.head_dim : 0) + d * d;
-  const std::int64_t scale_mask = 2;
-  const std::int64_t gpt2_block = 4 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d);
-  const std::int64_t ddit_block = 2 * d + 3 * d * d + d * d + (d * h + h) + (h * d + d) + (6 * d * d + 6 * d);
-  const std::int64_t tok_block = 2 * d + 4 * d * d + 3 * d * c.token_decoder_mlp_hidden;
-  return {
-      {"feature_model", {0, V * d + P * d + c.gpt2_layers * gpt2_block + 2 * d}},
-      {"encoder", {2 * P * d + 2 * d + c.encoder_layers * (latent_attn + ffn), 0}},
-      {"latent_decoder",
-       {P * d + ffn + scale_mask + c.latent_decoder_layers * (latent_attn + ffn + 2 * scale_mask), d}},
-      {"token_decoder", {c.token_decoder_layers * tok_block + d + V * d, 0}},
-      {"denoiser",
-       {2 * d * d + (2 * d * d + 2 * d) + (2 * d * d + d) + c.denoiser_blocks * ddit_block + d + (2 * d * d + 2 * d) +
-            (d * d + d),
-        0}},
-  };
 }
 
 }  // namespace ldlm

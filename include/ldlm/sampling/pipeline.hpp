@@ -3,9 +3,12 @@
 //   decode:      latents -> latent decoder -> hidden -> token decoder -> logits -> argmax
 //   reconstruct: encode, then decode
 //   generate:    x_1 ~ N(0, I) -> N denoiser steps (sampler.hpp) -> decode
+//   generate with known tokens (docs/model.md §Conditioning): encode the known ids,
+//                sample with their latents as a condition (condition.hpp), decode, and
+//                put the known ids back
 // Each stage needs only the modules it runs to be loaded or initialised:
 // generate uses the denoiser, latent_decoder and token_decoder; encode uses the
-// feature_model and encoder.
+// feature_model and encoder, and so does generation with known tokens.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +18,30 @@
 #include "ldlm/sampling/sampler.hpp"
 
 namespace ldlm {
+
+/// The ids a vocabulary of V tokens reserves after the tokenizer's own: pad = V − 2,
+/// mask = V − 1 (docs/model.md §The vocabulary and the two added tokens). In a condition,
+/// the mask id marks a position to generate.
+inline std::int64_t pad_id(const Config& c) { return c.vocab_size - 2; }
+inline std::int64_t mask_id(const Config& c) { return c.vocab_size - 1; }
+
+/// Throws InvalidArgument unless every id of `ids` [B, T] is in [0, V) and T fits the
+/// model; the error names the sequence and the position.
+inline void check_condition_ids(std::string_view op, const Config& c, const TokenTensor& ids) {
+  const std::string where(op);
+  const Index B = ids.dimension(0), T = ids.dimension(1);
+  if (B < 1 || T < 1)
+    throw InvalidArgument(where + ": the known tokens must be [B, T] with B, T >= 1, got " + shape_string(Shape{B, T}));
+  if (T > c.max_positions)
+    throw InvalidArgument(where + ": the known tokens have T = " + std::to_string(T) +
+                          " positions, more than the model's max_positions = " + std::to_string(c.max_positions));
+  for (Index b = 0; b < B; ++b)
+    for (Index t = 0; t < T; ++t)
+      if (ids(b, t) < 0 || ids(b, t) >= c.vocab_size)
+        throw InvalidArgument(where + ": token id " + std::to_string(ids(b, t)) + " at sequence " + std::to_string(b) +
+                              ", position " + std::to_string(t) + " is outside the vocabulary [0, " +
+                              std::to_string(c.vocab_size) + ")");
+}
 
 template <class S>
 struct Decoded {
@@ -95,6 +122,71 @@ class Pipeline {
   Tensor3<S> sample(Context& ctx, Index B, Index T, const SamplerOptions& options,
                     SamplingStats* stats = nullptr) const {
     return detail::sample_latent_tensor("generate", ctx, model_->denoiser, B, T, options, stats);
+  }
+
+  /// The latents of the known positions of `ids` [B, T] (every id but the mask id), encoded
+  /// as `fill` says; rows are b·T + t. Empty when every position is free.
+  KnownRows<S> known_latents(Context& ctx, const TokenTensor& ids, KnownFill fill) const {
+    const Config& c = model_->config;
+    const Index B = ids.dimension(0), T = ids.dimension(1), d = c.d_model;
+    const std::int64_t mask = mask_id(c);
+    KnownRows<S> known;
+    for (Index r = 0; r < B * T; ++r)
+      if (ids.data()[r] != mask) known.rows.push_back(r);
+    if (known.rows.empty()) return known;
+    known.z.resize(static_cast<Index>(known.rows.size()), d);
+    if (fill == KnownFill::separate) {
+      Index k = 0;
+      for (Index b = 0; b < B; ++b)
+        for (Index t = 0; t < T;) {
+          if (ids(b, t) == mask) {
+            ++t;
+            continue;
+          }
+          Index end = t;
+          while (end < T && ids(b, end) != mask) ++end;
+          TokenTensor run(1, end - t);
+          for (Index j = t; j < end; ++j) run(0, j - t) = ids(b, j);
+          const Tensor3<S> z = encode(ctx, run);
+          known.z.middleRows(k, end - t) = as_matrix(z);
+          k += end - t;
+          t = end;
+        }
+      return known;
+    }
+    TokenTensor filled = ids;
+    const std::int64_t stand_in = fill == KnownFill::pad ? pad_id(c) : mask;
+    for (Index r = 0; r < B * T; ++r)
+      if (filled.data()[r] == mask) filled.data()[r] = stand_in;
+    const Tensor3<S> z = encode(ctx, filled);
+    const auto all = as_matrix(z);
+    for (std::size_t k = 0; k < known.rows.size(); ++k) known.z.row(static_cast<Index>(k)) = all.row(known.rows[k]);
+    return known;
+  }
+
+  /// Samples latents [B, T, d] given the known tokens `ids` [B, T] (the mask id at every
+  /// position to generate; docs/model.md §Conditioning). Every position masked is
+  /// unconditional sampling, bit for bit.
+  Tensor3<S> sample(Context& ctx, const TokenTensor& ids, const SamplerOptions& options,
+                    const ConditionOptions& condition, SamplingStats* stats = nullptr) const {
+    check_condition_ids("generate", model_->config, ids);
+    check_condition_options("generate", condition);
+    const Index B = ids.dimension(0), T = ids.dimension(1);
+    check_sampling_arguments("generate", model_->config, B, T, options.steps);
+    const KnownRows<S> known = known_latents(ctx, ids, condition.fill);
+    return detail::sample_latent_tensor("generate", ctx, model_->denoiser, B, T, options, stats, &known, condition);
+  }
+
+  /// Tokens [B, T] given the known tokens `ids`: sample, decode, and give every known
+  /// position its given id (the decoded id there is the model's reading of its latent,
+  /// which may differ).
+  TokenTensor generate(Context& ctx, const TokenTensor& ids, const SamplerOptions& options,
+                       const ConditionOptions& condition, SamplingStats* stats = nullptr) const {
+    TokenTensor tokens = decode_tokens(ctx, sample(ctx, ids, options, condition, stats));
+    const std::int64_t mask = mask_id(model_->config);
+    for (Index r = 0; r < tokens.size(); ++r)
+      if (ids.data()[r] != mask) tokens.data()[r] = ids.data()[r];
+    return tokens;
   }
 
   /// B sequences of T tokens: sample, then decode. Throws InvalidArgument for B < 1,

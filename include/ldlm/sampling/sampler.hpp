@@ -23,6 +23,7 @@
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/random.hpp"
 #include "ldlm/model/denoiser.hpp"
+#include "ldlm/sampling/condition.hpp"
 #include "ldlm/sampling/schedule.hpp"
 #include "ldlm/sampling/solvers.hpp"
 
@@ -95,10 +96,12 @@ class DenoiserCall {
 
 namespace detail {
 /// sample_latents after check_sampling_arguments: the caller has checked B, T and steps.
+/// With `known`, its rows are conditioned on as `condition` says (condition.hpp); without
+/// known rows, sampling is unconditional and `condition` is unused.
 template <class S>
 SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
                                      const SamplerOptions& options, std::type_identity_t<MatRef<S>> z,
-                                     const SolverHooks<S>& hooks = {}) {
+                                     const KnownRows<S>* known = nullptr, const ConditionOptions& condition = {}) {
   const Config& c = denoiser.config;
   const Index rows = B * T, d = c.d_model, n = rows * d;
   check_shape("sample", "z", {rows, d}, Shape{z.rows(), z.cols()});
@@ -118,6 +121,13 @@ SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, 
   settings.heun_self_condition = options.heun_self_condition;
   settings.check_finite = ctx.check_finite;
   settings.progress = options.progress;
+  SolverHooks<S> hooks;
+  if (known && !known->rows.empty()) {
+    check_condition_options("sample", condition);
+    check_known_rows("sample", *known, rows, d);
+    hooks = condition_hooks(*known, x, d, schedule, condition);
+    settings.resample = condition.resample;
+  }
   const SamplingStats stats = integrate<S>(denoise, settings, schedule, times, n, x, rng, arena, hooks);
   z = ConstMatrixMap<S>(x, rows, d);
   return stats;
@@ -127,10 +137,10 @@ SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, 
 template <class S>
 Tensor3<S> sample_latent_tensor(std::string_view op, Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
                                 const SamplerOptions& options, SamplingStats* stats = nullptr,
-                                const SolverHooks<S>& hooks = {}) {
+                                const KnownRows<S>* known = nullptr, const ConditionOptions& condition = {}) {
   check_sampling_arguments(op, denoiser.config, B, T, options.steps);
   Tensor3<S> z(B, T, denoiser.config.d_model);
-  const SamplingStats done = sample_latents_checked(ctx, denoiser, B, T, options, as_matrix(z), hooks);
+  const SamplingStats done = sample_latents_checked(ctx, denoiser, B, T, options, as_matrix(z), known, condition);
   if (stats) *stats = done;
   return z;
 }

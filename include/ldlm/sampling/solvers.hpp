@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <span>
@@ -37,7 +38,10 @@ enum class SamplerKind {
   heun,          // exponential Heun: trapezoidal in λ, two calls per step
   dpmpp_2m,      // DPM-Solver++(2M): second order, one call per step
   dpmpp_2m_sde,  // DPM-Solver++(2M) SDE, η = 1
+  dpmpp_3m,      // DPM-Solver++(3M): third order, one call per step
   dpmpp_3m_sde,  // DPM-Solver++(3M) SDE, η = 1
+  unipc,         // UniPC: the 2M predictor and the UniC corrector on the next call's x̂0
+  unipc_3m,      // UniPC with a third-order predictor
 };
 
 struct SamplerInfo {
@@ -49,14 +53,17 @@ struct SamplerInfo {
   std::string_view summary;
 };
 
-inline constexpr std::array<SamplerInfo, 7> kSamplers{{
+inline constexpr std::array<SamplerInfo, 10> kSamplers{{
     {SamplerKind::sde, "sde", 1, 1, true, "Euler-Maruyama on the reverse SDE (clipped beta)"},
     {SamplerKind::ode, "ode", 1, 1, false, "Euler on the probability-flow ODE (clipped beta)"},
     {SamplerKind::ddim, "ddim", 1, 1, false, "exact first-order exponential integrator (DPM-Solver++ 1)"},
     {SamplerKind::heun, "heun", 2, 2, false, "exponential Heun, trapezoidal in lambda"},
     {SamplerKind::dpmpp_2m, "dpmpp-2m", 1, 2, false, "DPM-Solver++(2M), multistep"},
     {SamplerKind::dpmpp_2m_sde, "dpmpp-2m-sde", 1, 2, true, "DPM-Solver++(2M) SDE, eta = 1"},
+    {SamplerKind::dpmpp_3m, "dpmpp-3m", 1, 3, false, "DPM-Solver++(3M), multistep"},
     {SamplerKind::dpmpp_3m_sde, "dpmpp-3m-sde", 1, 3, true, "DPM-Solver++(3M) SDE, eta = 1"},
+    {SamplerKind::unipc, "unipc", 1, 3, false, "UniPC: 2M predictor, UniC corrector (no extra call)"},
+    {SamplerKind::unipc_3m, "unipc-3m", 1, 4, false, "UniPC: 3M predictor, UniC corrector (no extra call)"},
 }};
 
 inline const SamplerInfo& sampler_info(SamplerKind kind) {
@@ -116,10 +123,28 @@ struct SolverSettings {
   bool check_finite = false;
   /// After every step; returning false cancels sampling (SamplingCancelled). May be empty.
   std::function<bool(const SamplingProgress&)> progress;
+  /// RePaint's resampling (Lugmayr et al. 2022): each step is taken 1 + resample times,
+  /// going back from t_{i+1} to t_i with fresh noise in between, so that a condition
+  /// applied by the hooks spreads to the free values. A step from t = 1 is taken once:
+  /// going back there would erase everything. Costs resample × calls per step more.
+  int resample = 0;
 };
 
 /// The number of denoiser calls of `steps` steps of `kind`.
 inline int denoiser_calls(SamplerKind kind, int steps) { return sampler_info(kind).calls_per_step * steps; }
+
+/// How many more times than once the step from t is taken (SolverSettings::resample).
+inline int resampled_attempts(const SolverSettings& settings, const TangentSchedule& schedule, double t) {
+  return schedule.alpha(t) > 0 ? settings.resample : 0;
+}
+
+/// The number of denoiser calls of integrate over `times` with `settings`.
+inline int denoiser_calls(const SolverSettings& settings, const TangentSchedule& schedule,
+                          std::span<const double> times) {
+  int steps = 0;
+  for (std::size_t i = 0; i + 1 < times.size(); ++i) steps += 1 + resampled_attempts(settings, schedule, times[i]);
+  return denoiser_calls(settings.kind, steps);
+}
 
 /// One Euler step of n values from time t to t_next < t (dt = t_next − t), in place
 /// on x, with x0 = x̂0(x, t) from the denoiser and α, σ, β taken at t:
@@ -169,6 +194,85 @@ struct ExponentialStep {
   double phi1_over_h() const { return std::isfinite(h) ? -std::expm1(-h) / h : 0.0; }
 };
 
+/// The weights of one UniPC step (Zhao et al. 2023, the B(h) = e^{h} − 1 variant, in the
+/// data prediction; docs/model.md §Solvers) from t_i to t_{i+1} of length h, using up to
+/// `max_history` earlier x̂0's whose steps are usable (finite h). With
+/// D1_k = (D_{i−k} − D_i) / r_k and r_k = (λ_{i−k} − λ_i) / h < 0:
+///   predictor: x' = base + α'(1 − e^{−h}) Σ_k predictor_k D1_k
+///   corrector: x' = base + α'(1 − e^{−h}) (Σ_k corrector_k D1_k + corrector_K (D_{i+1} − D_i))
+/// where base is ddim's step and D_{i+1} the next call's x̂0 at the predicted x'.
+struct UniPCWeights {
+  int history = 0;                    // usable earlier x̂0's: 0, 1 or 2
+  std::array<double, 2> r{};          // r_k
+  std::array<double, 2> predictor{};  // on D1_k
+  std::array<double, 3> corrector{};  // on D1_k, then (index history) on D_{i+1} − D_i
+
+  /// h of this step; h_previous and h_before_previous of the two steps before it (∞ when
+  /// there is none, or it started at t = 1).
+  static UniPCWeights between(double h, double h_previous, double h_before_previous, int max_history) {
+    UniPCWeights w;
+    if (max_history >= 1 && std::isfinite(h_previous)) {
+      w.history = 1;
+      w.r[0] = -h_previous / h;
+      if (max_history >= 2 && std::isfinite(h_before_previous)) {
+        w.history = 2;
+        w.r[1] = -(h_previous + h_before_previous) / h;
+      }
+    }
+    // The order conditions' right-hand side b_k = k!·φ_{k+1}(−h)/B(h), φ the exponential
+    // integrator functions; all three tend to 1 as h → ∞ (the step from t = 1).
+    std::array<double, 3> b{1.0, 1.0, 1.0};
+    if (std::isfinite(h)) {
+      const double hh = -h, bh = std::expm1(hh);
+      double phi = bh / hh - 1.0, factorial = 1.0;
+      for (int k = 0; k < 3; ++k) {
+        b[k] = phi * factorial / bh;
+        factorial *= k + 2;
+        phi = phi / hh - 1.0 / factorial;
+      }
+    }
+    // The predictor with one earlier x̂0 is DPM-Solver++(2M)'s midpoint rule (ρ = ½); with
+    // two it solves the 2×2 order conditions.
+    if (w.history == 1) w.predictor[0] = 0.5;
+    if (w.history == 2) {
+      const auto rho = solve({{{1.0, 1.0, 0.0}, {w.r[0], w.r[1], 0.0}, {0.0, 0.0, 1.0}}}, {b[0], b[1], 0.0}, 2);
+      w.predictor = {rho[0], rho[1]};
+    }
+    // The corrector: rows k = 0 … K−1 of R are (r_1^k, …, r_history^k, 1^k).
+    const int K = w.history + 1;
+    std::array<std::array<double, 3>, 3> R{};
+    for (int row = 0; row < K; ++row)
+      for (int col = 0; col < K; ++col) R[row][col] = std::pow(col < w.history ? w.r[col] : 1.0, row);
+    w.corrector = solve(R, b, K);
+    return w;
+  }
+
+ private:
+  /// Solves the leading n×n block of a x = b (n ≤ 3) by Gaussian elimination with partial
+  /// pivoting; the r_k are distinct and nonzero, so the Vandermonde block is regular.
+  static std::array<double, 3> solve(std::array<std::array<double, 3>, 3> a, std::array<double, 3> b, int n) {
+    for (int c = 0; c < n; ++c) {
+      int pivot = c;
+      for (int r = c + 1; r < n; ++r)
+        if (std::abs(a[r][c]) > std::abs(a[pivot][c])) pivot = r;
+      std::swap(a[c], a[pivot]);
+      std::swap(b[c], b[pivot]);
+      for (int r = c + 1; r < n; ++r) {
+        const double f = a[r][c] / a[c][c];
+        for (int k = c; k < n; ++k) a[r][k] -= f * a[c][k];
+        b[r] -= f * b[c];
+      }
+    }
+    std::array<double, 3> x{};
+    for (int r = n - 1; r >= 0; --r) {
+      double v = b[r];
+      for (int k = r + 1; k < n; ++k) v -= a[r][k] * x[k];
+      x[r] = v / a[r][r];
+    }
+    return x;
+  }
+};
+
 namespace detail {
 
 template <class S>
@@ -194,24 +298,37 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
   check_time_grid("sample", times);
   const SamplerInfo& info = sampler_info(settings.kind);
   const int steps = static_cast<int>(times.size()) - 1;
-  const int total_calls = denoiser_calls(settings.kind, steps);
+  if (settings.resample < 0)
+    throw InvalidArgument("sample: resample must be >= 0, got " + std::to_string(settings.resample));
+  const int total_calls = denoiser_calls(settings, schedule, times);
 
   Arena::Scope scope(arena);
-  // Four x̂0 buffers: this step's, Heun's second call's, and the last two steps' (the
-  // history of the multistep solvers; the most recent one is also the self-conditioning).
-  std::array<S*, 4> buffers{};
+  // x̂0 buffers: this step's, Heun's second call's, the last two steps' (the history of
+  // the multistep solvers; the most recent one is also the self-conditioning), and the
+  // two of a resampled step's previous attempt, which the next attempt conditions on.
+  std::array<S*, 6> buffers{};
   for (S*& b : buffers) b = arena.allocate<S>(static_cast<std::size_t>(n));
   S* zeros = arena.allocate<S>(static_cast<std::size_t>(n));
   std::fill(zeros, zeros + n, S(0));
   S* predictor = settings.kind == SamplerKind::heun ? arena.allocate<S>(static_cast<std::size_t>(n)) : nullptr;
-  S* noise = info.stochastic ? arena.allocate<S>(static_cast<std::size_t>(n)) : nullptr;
+  S* noise = info.stochastic || settings.resample > 0 ? arena.allocate<S>(static_cast<std::size_t>(n)) : nullptr;
+  const bool unipc = settings.kind == SamplerKind::unipc || settings.kind == SamplerKind::unipc_3m;
+  // UniPC's corrector of x_{i+1}, but for the term in D_{i+1}: set by step i, applied by
+  // step i + 1 once its call has given D_{i+1}. Kept in double: it is a partial sum.
+  double* corrector_base = unipc ? arena.allocate<double>(static_cast<std::size_t>(n)) : nullptr;
+  double corrector_weight = 0.0;
+  bool corrector_pending = false;
+  const bool two_histories = settings.kind == SamplerKind::dpmpp_3m || settings.kind == SamplerKind::dpmpp_3m_sde ||
+                             settings.kind == SamplerKind::unipc_3m;
   S* previous = nullptr;         // x̂0 of the last step
   S* before_previous = nullptr;  // and of the one before (3M)
   double h_previous = std::numeric_limits<double>::infinity(), h_before_previous = h_previous;
-  const auto unused_buffer = [&](const S* also_taken) {
+  const auto unused_buffer = [&](std::initializer_list<const S*> also_taken) {
     for (S* b : buffers)
-      if (b != previous && b != before_previous && b != also_taken) return b;
-    return buffers[0];  // unreachable: four buffers, at most three taken
+      if (b != previous && b != before_previous &&
+          std::find(also_taken.begin(), also_taken.end(), b) == also_taken.end())
+        return b;
+    return buffers[0];  // unreachable: six buffers, at most five taken
   };
 
   int calls = 0;
@@ -226,90 +343,138 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
   for (int i = 0; i < steps; ++i) {
     const double t = times[i], t_next = times[i + 1];
     const bool last = i + 1 == steps;
-    const S* self_cond = previous ? previous : zeros;
-    S* d0 = unused_buffer(nullptr);
-    call(x, t, self_cond, d0);
-    denoised = d0;
-    const S* xi = nullptr;
-    if (noise && !last) {
-      rng.fill(noise, n);
-      xi = noise;
-    }
-    const ExponentialStep e = ExponentialStep::between(schedule, t, t_next);
-    switch (settings.kind) {
-      case SamplerKind::sde:
-      case SamplerKind::ode:
-        euler_step<S>(settings.kind, schedule, t, t_next, d0, xi, n, x);
-        break;
-      case SamplerKind::ddim: {
-        const double cx = e.sigma_ratio, cd = e.alpha_next * -std::expm1(-e.h);
-        for (Index k = 0; k < n; ++k) x[k] = static_cast<S>(cx * double(x[k]) + cd * double(d0[k]));
-        break;
+    const int attempts = 1 + resampled_attempts(settings, schedule, t);
+    S* earlier_attempt = nullptr;  // the x̂0 of this step's previous attempt, if any
+    for (int attempt = 0; attempt < attempts; ++attempt) {
+      const S* self_cond = earlier_attempt ? earlier_attempt : previous ? previous : zeros;
+      S* d0 = unused_buffer({earlier_attempt});
+      call(x, t, self_cond, d0);
+      denoised = d0;
+      if (corrector_pending) {
+        // UniC: x_i again, from the x̂0 that was just computed at the predicted x_i. The call
+        // itself is not repeated: D_i stays the x̂0 of the predicted point.
+        for (Index k = 0; k < n; ++k) x[k] = static_cast<S>(corrector_base[k] + corrector_weight * double(d0[k]));
+        if (hooks.on_step) hooks.on_step(t, false, x);
+        corrector_pending = false;
       }
-      case SamplerKind::dpmpp_2m: {
-        // x̂0 extrapolated linearly in λ to the step's midpoint: D + (D − D_prev)/(2r), r = h_prev/h.
-        const double cx = e.sigma_ratio, cd = e.alpha_next * -std::expm1(-e.h);
-        const double w = previous && std::isfinite(h_previous) ? 0.5 * e.h / h_previous : 0.0;
-        for (Index k = 0; k < n; ++k) {
-          const double d = double(d0[k]);
-          const double slope = w != 0.0 ? w * (d - double(previous[k])) : 0.0;
-          x[k] = static_cast<S>(cx * double(x[k]) + cd * (d + slope));
+      const S* xi = nullptr;
+      if (info.stochastic && !last) {
+        rng.fill(noise, n);
+        xi = noise;
+      }
+      const ExponentialStep e = ExponentialStep::between(schedule, t, t_next);
+      switch (settings.kind) {
+        case SamplerKind::sde:
+        case SamplerKind::ode:
+          euler_step<S>(settings.kind, schedule, t, t_next, d0, xi, n, x);
+          break;
+        case SamplerKind::ddim: {
+          const double cx = e.sigma_ratio, cd = e.alpha_next * -std::expm1(-e.h);
+          for (Index k = 0; k < n; ++k) x[k] = static_cast<S>(cx * double(x[k]) + cd * double(d0[k]));
+          break;
         }
-        break;
-      }
-      case SamplerKind::heun: {
-        const double cx = e.sigma_ratio, cd = e.alpha_next * -std::expm1(-e.h);
-        for (Index k = 0; k < n; ++k) predictor[k] = static_cast<S>(cx * double(x[k]) + cd * double(d0[k]));
-        S* d1 = unused_buffer(d0);
-        call(predictor, t_next, settings.heun_self_condition == HeunSelfCondition::latest ? d0 : self_cond, d1);
-        // Trapezoid in λ: x̂0 linear between D (at λ) and D' (at λ'); its weight on D' − D is
-        // α'·(1 − (1 − e^(−h))/h).
-        const double cslope = e.alpha_next * (1.0 - e.phi1_over_h());
-        for (Index k = 0; k < n; ++k) {
-          const double d = double(d0[k]);
-          x[k] = static_cast<S>(cx * double(x[k]) + cd * d + cslope * (double(d1[k]) - d));
-        }
-        denoised = d1;  // the corrector's x̂0 is the most recent
-        break;
-      }
-      case SamplerKind::dpmpp_2m_sde:
-      case SamplerKind::dpmpp_3m_sde: {
-        // η = 1: x' = (σ'/σ) e^(−h) x + α'(1 − e^(−2h)) D + α'·(history terms) + σ' sqrt(1 − e^(−2h)) ξ.
-        const double cx = e.sigma_ratio * e.decay, phi = -std::expm1(-2.0 * e.h), cd = e.alpha_next * phi;
-        const double cnoise = e.sigma_next * std::sqrt(phi);
-        const bool one = previous && std::isfinite(h_previous);
-        const bool two =
-            settings.kind == SamplerKind::dpmpp_3m_sde && one && before_previous && std::isfinite(h_before_previous);
-        // 2M SDE (midpoint): α'·½(1 − e^(−2h))/r·(D − D_prev).
-        // 3M SDE: α'·(φ2·d1 − φ3·d2), φ2 = 1 − (1 − e^(−2h))/(2h), φ3 = φ2/(2h) − ½.
-        const double h2 = 2.0 * e.h;
-        const double phi2 = std::isfinite(h2) ? 1.0 - phi / h2 : 1.0;
-        const double phi3 = std::isfinite(h2) ? phi2 / h2 - 0.5 : -0.5;
-        const double r0 = one ? h_previous / e.h : 0.0, r1 = two ? h_before_previous / e.h : 0.0;
-        for (Index k = 0; k < n; ++k) {
-          const double d = double(d0[k]);
-          double next = cx * double(x[k]) + cd * d;
-          if (settings.kind == SamplerKind::dpmpp_2m_sde) {
-            if (one) next += e.alpha_next * 0.5 * phi / r0 * (d - double(previous[k]));
-          } else if (two) {
-            const double p = double(previous[k]), q = double(before_previous[k]);
-            const double d1_0 = (d - p) / r0, d1_1 = (p - q) / r1;
-            const double first = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1), second = (d1_0 - d1_1) / (r0 + r1);
-            next += e.alpha_next * (phi2 * first - phi3 * second);
-          } else if (one) {
-            next += e.alpha_next * phi2 * (d - double(previous[k])) / r0;
+        case SamplerKind::dpmpp_2m: {
+          // x̂0 extrapolated linearly in λ to the step's midpoint: D + (D − D_prev)/(2r), r = h_prev/h.
+          const double cx = e.sigma_ratio, cd = e.alpha_next * -std::expm1(-e.h);
+          const double w = previous && std::isfinite(h_previous) ? 0.5 * e.h / h_previous : 0.0;
+          for (Index k = 0; k < n; ++k) {
+            const double d = double(d0[k]);
+            const double slope = w != 0.0 ? w * (d - double(previous[k])) : 0.0;
+            x[k] = static_cast<S>(cx * double(x[k]) + cd * (d + slope));
           }
-          if (xi) next += cnoise * double(xi[k]);
-          x[k] = static_cast<S>(next);
+          break;
         }
-        break;
+        case SamplerKind::heun: {
+          const double cx = e.sigma_ratio, cd = e.alpha_next * -std::expm1(-e.h);
+          for (Index k = 0; k < n; ++k) predictor[k] = static_cast<S>(cx * double(x[k]) + cd * double(d0[k]));
+          S* d1 = unused_buffer({d0, earlier_attempt});
+          call(predictor, t_next, settings.heun_self_condition == HeunSelfCondition::latest ? d0 : self_cond, d1);
+          // Trapezoid in λ: x̂0 linear between D (at λ) and D' (at λ'); its weight on D' − D is
+          // α'·(1 − (1 − e^(−h))/h).
+          const double cslope = e.alpha_next * (1.0 - e.phi1_over_h());
+          for (Index k = 0; k < n; ++k) {
+            const double d = double(d0[k]);
+            x[k] = static_cast<S>(cx * double(x[k]) + cd * d + cslope * (double(d1[k]) - d));
+          }
+          denoised = d1;  // the corrector's x̂0 is the most recent
+          break;
+        }
+        case SamplerKind::dpmpp_3m:
+        case SamplerKind::dpmpp_2m_sde:
+        case SamplerKind::dpmpp_3m_sde: {
+          // With η = 1 for the SDEs and 0 for 3M, h_η = (1 + η) h:
+          // x' = (σ'/σ) e^(−ηh) x + α'(1 − e^(−h_η)) D + α'·(history terms) + σ' sqrt(1 − e^(−2ηh)) ξ.
+          const bool sde = info.stochastic;
+          const double h_eta = sde ? 2.0 * e.h : e.h;
+          const double phi = -std::expm1(-h_eta), cd = e.alpha_next * phi;
+          const double cx = sde ? e.sigma_ratio * e.decay : e.sigma_ratio;
+          const double cnoise = sde ? e.sigma_next * std::sqrt(phi) : 0.0;
+          const bool one = previous && std::isfinite(h_previous);
+          const bool two = two_histories && one && before_previous && std::isfinite(h_before_previous);
+          // 2M SDE (midpoint): α'·½(1 − e^(−2h))/r·(D − D_prev).
+          // 3M and 3M SDE: α'·(φ2·d1 − φ3·d2), φ2 = 1 − (1 − e^(−h_η))/h_η, φ3 = φ2/h_η − ½.
+          const double phi2 = std::isfinite(h_eta) ? 1.0 - phi / h_eta : 1.0;
+          const double phi3 = std::isfinite(h_eta) ? phi2 / h_eta - 0.5 : -0.5;
+          const double r0 = one ? h_previous / e.h : 0.0, r1 = two ? h_before_previous / e.h : 0.0;
+          for (Index k = 0; k < n; ++k) {
+            const double d = double(d0[k]);
+            double next = cx * double(x[k]) + cd * d;
+            if (settings.kind == SamplerKind::dpmpp_2m_sde) {
+              if (one) next += e.alpha_next * 0.5 * phi / r0 * (d - double(previous[k]));
+            } else if (two) {
+              const double p = double(previous[k]), q = double(before_previous[k]);
+              const double d1_0 = (d - p) / r0, d1_1 = (p - q) / r1;
+              const double first = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1), second = (d1_0 - d1_1) / (r0 + r1);
+              next += e.alpha_next * (phi2 * first - phi3 * second);
+            } else if (one) {
+              next += e.alpha_next * phi2 * (d - double(previous[k])) / r0;
+            }
+            if (xi) next += cnoise * double(xi[k]);
+            x[k] = static_cast<S>(next);
+          }
+          break;
+        }
+        case SamplerKind::unipc:
+        case SamplerKind::unipc_3m: {
+          const UniPCWeights w =
+              UniPCWeights::between(e.h, h_previous, h_before_previous, settings.kind == SamplerKind::unipc ? 1 : 2);
+          const double cx = e.sigma_ratio, c = e.alpha_next * -std::expm1(-e.h);
+          const std::array<const S*, 2> earlier{previous, before_previous};
+          const double new_weight = w.corrector[w.history];
+          for (Index k = 0; k < n; ++k) {
+            const double d = double(d0[k]);
+            const double base = cx * double(x[k]) + c * d;
+            double predicted = 0.0, corrected = 0.0;
+            for (int j = 0; j < w.history; ++j) {
+              const double d1 = (double(earlier[j][k]) - d) / w.r[j];
+              predicted += w.predictor[j] * d1;
+              corrected += w.corrector[j] * d1;
+            }
+            x[k] = static_cast<S>(base + c * predicted);
+            if (!last) corrector_base[k] = base + c * (corrected - new_weight * d);
+          }
+          corrector_weight = c * new_weight;
+          corrector_pending = !last;  // the final x has no call after it to correct it with
+          break;
+        }
+      }
+      if (hooks.on_step) hooks.on_step(t_next, last, x);
+      if (attempt + 1 < attempts) {
+        // RePaint: back to t with fresh noise, x_t = (α/α') x' + sqrt(σ² − (α σ'/α')²) ξ, and the
+        // step again from there; the multistep history stays that of the steps before.
+        const double alpha = schedule.alpha(t), sigma = schedule.sigma(t);
+        const double scale = alpha / schedule.alpha(t_next), spread = scale * schedule.sigma(t_next);
+        const double noise_scale = std::sqrt(std::max(0.0, sigma * sigma - spread * spread));
+        rng.fill(noise, n);
+        for (Index k = 0; k < n; ++k) x[k] = static_cast<S>(scale * double(x[k]) + noise_scale * double(noise[k]));
+        earlier_attempt = denoised;
+        corrector_pending = false;  // the corrector was for the x' just discarded
       }
     }
-    if (hooks.on_step) hooks.on_step(t_next, last, x);
-    before_previous = info.order >= 3 ? previous : nullptr;
+    before_previous = two_histories ? previous : nullptr;
     previous = denoised;
     h_before_previous = h_previous;
-    h_previous = e.h;
+    h_previous = ExponentialStep::between(schedule, t, t_next).h;
     if (settings.progress && !settings.progress({i + 1, steps, calls, total_calls}))
       throw SamplingCancelled("sample: cancelled by the progress callback after step " + std::to_string(i + 1) +
                               " of " + std::to_string(steps));

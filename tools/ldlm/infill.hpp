@@ -1,0 +1,73 @@
+// ldlm infill: fill the masked positions of a text or of token ids with the diffusion model.
+#pragma once
+
+#include "common.hpp"
+#include "sampling_options.hpp"
+#include "sampling_run.hpp"
+#include "text.hpp"
+#include "ldlm/io/masked_text.hpp"
+
+namespace ldlm::cli {
+
+const Command kInfill{
+    "infill",
+    "fill masked token positions with the diffusion model",
+    "",
+    "Sample the positions marked in --text or --tokens and keep every other token as\n"
+    "given (docs/model.md §Conditioning); print the whole text: one sample, or each of\n"
+    "--batch samples after a '--- sample i of B ---' line; --ids prints the ids.",
+    with_model_options(
+        [] {
+          std::vector<Option> o = {
+              {"text", "S", "the text; each " + std::string(kMaskMarker) + " in it is one token position to fill"},
+              {"tokens", "\"464 50258 ...\"", "token ids instead; the mask id marks a position to fill"},
+              {"batch", "B",
+               "number of samples, 1 to " + std::to_string(kMaxBatch) + " (default " + std::to_string(kDefaultBatch) +
+                   ")"}};
+          for (Option& option : sampler_option_list()) o.push_back(std::move(option));
+          for (Option& option : condition_option_list()) o.push_back(std::move(option));
+          return o;
+        }(),
+        {{"output", "FILE", "write the samples there instead of stdout"},
+         {"ids", "", "print token ids, one line per sample, instead of text"},
+         kTokenizerOption}),
+    "Exactly one of --text and --tokens. In --text, only the exact characters " + std::string(kMaskMarker) +
+        " are the mask\n"
+        "(in every other command, and anywhere else, such text is plain text, and a fragment\n"
+        "such as '<|mask' is plain text here too). A space right before a mask belongs to\n"
+        "the masked token, as GPT-2's words carry their leading space: 'The " +
+        std::string(kMaskMarker) +
+        " sat' fills\n"
+        "one word after 'The'. The mask id is V - 1 (" +
+        std::to_string(kDefaultVocabSize - 1) +
+        " for GPT-2's vocabulary). A sequence with every\n"
+        "position masked is unconditional generation; one without a mask is an error.\n\n" +
+        sampler_table() + condition_table() + "\n" + kModelChoice};
+
+int run_infill(const Args& args) {
+  args.expect_positionals(0, 0);
+  if (args.has("text") == args.has("tokens")) args.fail("give exactly one of --text and --tokens");
+  const auto weights = open_model(args);
+  const Config config = load_config(args, weights);
+  const Index B = args.get_int("batch", kDefaultBatch, 1, kMaxBatch);
+  const SamplerOptions options = sampler_options(args);
+  const ConditionOptions condition = condition_options(args);
+  std::vector<std::int64_t> row;
+  if (auto text = args.value("text")) {
+    row = encode_masked_text(load_tokenizer(args, config.vocab_size), *text);
+    if (std::find(row.begin(), row.end(), mask_id(config)) == row.end())
+      throw InvalidArgument("infill: the text has no " + std::string(kMaskMarker) +
+                            "; each one marks a token position to fill");
+  } else {
+    row = parse_ids(*args.value("tokens"), "infill", "--tokens");
+    if (row.empty()) args.fail("option '--tokens' holds no ids");
+    if (std::find(row.begin(), row.end(), mask_id(config)) == row.end())
+      throw InvalidArgument("infill: --tokens has no mask id " + std::to_string(mask_id(config)) +
+                            "; each one marks a token position to fill");
+  }
+  TokenTensor ids(B, static_cast<Index>(row.size()));
+  for (Index b = 0; b < B; ++b) std::copy(row.begin(), row.end(), ids.data() + b * static_cast<Index>(row.size()));
+  return sample_and_write(args, weights, config, ids, options, condition, "infill");
+}
+
+}  // namespace ldlm::cli
