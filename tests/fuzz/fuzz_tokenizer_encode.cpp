@@ -3,13 +3,18 @@
 // - Valid UTF-8 must round-trip exactly; invalid UTF-8 must be an InvalidArgument at
 //   the offset where PCRE2's own UTF-8 check fails (an independent oracle).
 // - decode() of ids in range gives the concatenated token bytes; an id out of range
-//   is an InvalidArgument. Anything else (crash, sanitizer report) is a bug.
+//   is an InvalidArgument.
+// - encode_masked_text() (`ldlm infill`'s marker parser) of the same bytes: invalid UTF-8
+//   is an InvalidArgument at the same offset; otherwise each mask id stands for one
+//   "<|mask|>" and the rest decodes to the text, less the one space dropped before each
+//   marker. Anything else (crash, sanitizer report) is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "ldlm/io/masked_text.hpp"
 #include "ldlm/io/tokenizer.hpp"
 #include "ldlm_embedded.hpp"
 
@@ -47,6 +52,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto ids = t.encode(text);
     if (bad >= 0) __builtin_trap();  // accepted invalid UTF-8
     if (t.decode(ids) != text) __builtin_trap();
+  } catch (const ldlm::InvalidArgument& e) {
+    const std::string expected = "at byte offset " + std::to_string(bad) + ":";
+    if (bad < 0 || std::string_view(e.what()).find(expected) == std::string_view::npos) __builtin_trap();
+  }
+
+  try {
+    const auto ids = ldlm::encode_masked_text(t, text);
+    if (bad >= 0) __builtin_trap();
+    std::string rebuilt;
+    for (const auto id : ids) rebuilt += id == t.mask_id() ? std::string(ldlm::kMaskMarker) : t.token(id);
+    std::string expected;
+    const std::string spaced = " " + std::string(ldlm::kMaskMarker);
+    for (std::size_t pos = 0; pos < text.size();) {
+      if (text.compare(pos, spaced.size(), spaced) == 0) {
+        expected += ldlm::kMaskMarker;
+        pos += spaced.size();
+      } else {
+        expected += text[pos++];
+      }
+    }
+    if (rebuilt != expected) __builtin_trap();
   } catch (const ldlm::InvalidArgument& e) {
     const std::string expected = "at byte offset " + std::to_string(bad) + ":";
     if (bad < 0 || std::string_view(e.what()).find(expected) == std::string_view::npos) __builtin_trap();

@@ -31,7 +31,7 @@ const Command kInfill{
         {{"output", "FILE", "write the samples there instead of stdout"},
          {"ids", "", "print token ids, one line per sample, instead of text"},
          kTokenizerOption}),
-    "Exactly one of --text and --tokens. In --text, only the exact characters " + std::string(kMaskMarker) +
+    "At most one of --text and --tokens; without either, the text comes from stdin. In the text, only the exact characters " + std::string(kMaskMarker) +
         " are the mask\n"
         "(in every other command, and anywhere else, such text is plain text, and a fragment\n"
         "such as '<|mask' is plain text here too). A space right before a mask belongs to\n"
@@ -46,15 +46,16 @@ const Command kInfill{
 
 int run_infill(const Args& args) {
   args.expect_positionals(0, 0);
-  if (args.has("text") == args.has("tokens")) args.fail("give exactly one of --text and --tokens");
+  if (args.has("text") && args.has("tokens")) args.fail("give at most one of --text and --tokens");
   const auto weights = open_model(args);
   const Config config = load_config(args, weights);
   const Index B = args.get_int("batch", kDefaultBatch, 1, kMaxBatch);
   const SamplerOptions options = sampler_options(args);
   const ConditionOptions condition = condition_options(args);
   std::vector<std::int64_t> row;
-  if (auto text = args.value("text")) {
-    row = encode_masked_text(load_tokenizer(args, config.vocab_size), *text);
+  if (!args.has("tokens")) {
+    const std::string text = args.has("text") ? *args.value("text") : read_stdin();
+    row = encode_masked_text(load_tokenizer(args, config.vocab_size), text);
     if (std::find(row.begin(), row.end(), mask_id(config)) == row.end())
       throw InvalidArgument("infill: the text has no " + std::string(kMaskMarker) +
                             "; each one marks a token position to fill");

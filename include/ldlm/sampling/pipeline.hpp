@@ -174,7 +174,7 @@ class Pipeline {
     const Index B = ids.dimension(0), T = ids.dimension(1);
     check_sampling_arguments("generate", model_->config, B, T, options.steps);
     const KnownRows<S> known = known_latents(ctx, ids, condition.fill);
-    return detail::sample_latent_tensor("generate", ctx, model_->denoiser, B, T, options, stats, &known, condition);
+    return detail::sample_latent_tensor("generate", ctx, model_->denoiser, B, T, options, stats, {}, &known, condition);
   }
 
   /// Tokens [B, T] given the known tokens `ids`: sample, decode, and give every known

@@ -29,9 +29,7 @@
 
 namespace ldlm {
 
-/// The sampler the library and `ldlm generate` use unless told otherwise, chosen by the
-/// measurement of docs/model.md §Choosing the default (bench/results/samplers-*.md).
-inline constexpr SamplerKind kDefaultSampler = SamplerKind::dpmpp_2m;
+/// The step count of the default sampler (kDefaultSampler), chosen with it.
 inline constexpr int kDefaultSamplerSteps = 10;
 // The default grid is TimeGridOptions{}'s: karras, and the result x at t_min.
 
@@ -97,11 +95,13 @@ class DenoiserCall {
 namespace detail {
 /// sample_latents after check_sampling_arguments: the caller has checked B, T and steps.
 /// With `known`, its rows are conditioned on as `condition` says (condition.hpp); without
-/// known rows, sampling is unconditional and `condition` is unused.
+/// known rows, sampling is unconditional and `condition` is unused. `observers` run after
+/// the condition's hooks, and see what the solver sees (tests trace every step with them).
 template <class S>
 SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
                                      const SamplerOptions& options, std::type_identity_t<MatRef<S>> z,
-                                     const KnownRows<S>* known = nullptr, const ConditionOptions& condition = {}) {
+                                     const SolverHooks<S>& observers = {}, const KnownRows<S>* known = nullptr,
+                                     const ConditionOptions& condition = {}) {
   const Config& c = denoiser.config;
   const Index rows = B * T, d = c.d_model, n = rows * d;
   check_shape("sample", "z", {rows, d}, Shape{z.rows(), z.cols()});
@@ -128,6 +128,7 @@ SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, 
     hooks = condition_hooks(*known, x, d, schedule, condition);
     settings.resample = condition.resample;
   }
+  hooks = chain_hooks(std::move(hooks), observers);
   const SamplingStats stats = integrate<S>(denoise, settings, schedule, times, n, x, rng, arena, hooks);
   z = ConstMatrixMap<S>(x, rows, d);
   return stats;
@@ -137,10 +138,12 @@ SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, 
 template <class S>
 Tensor3<S> sample_latent_tensor(std::string_view op, Context& ctx, const Denoiser<S>& denoiser, Index B, Index T,
                                 const SamplerOptions& options, SamplingStats* stats = nullptr,
-                                const KnownRows<S>* known = nullptr, const ConditionOptions& condition = {}) {
+                                const SolverHooks<S>& observers = {}, const KnownRows<S>* known = nullptr,
+                                const ConditionOptions& condition = {}) {
   check_sampling_arguments(op, denoiser.config, B, T, options.steps);
   Tensor3<S> z(B, T, denoiser.config.d_model);
-  const SamplingStats done = sample_latents_checked(ctx, denoiser, B, T, options, as_matrix(z), known, condition);
+  const SamplingStats done =
+      sample_latents_checked(ctx, denoiser, B, T, options, as_matrix(z), observers, known, condition);
   if (stats) *stats = done;
   return z;
 }

@@ -66,6 +66,10 @@ inline constexpr std::array<SamplerInfo, 10> kSamplers{{
     {SamplerKind::unipc_3m, "unipc-3m", 1, 4, false, "UniPC: 3M predictor, UniC corrector (no extra call)"},
 }};
 
+/// The sampler the library and `ldlm generate` use unless told otherwise, chosen by the
+/// measurement of docs/model.md §Choosing the default (bench/results/samplers-*.md).
+inline constexpr SamplerKind kDefaultSampler = SamplerKind::dpmpp_3m;
+
 inline const SamplerInfo& sampler_info(SamplerKind kind) {
   for (const auto& info : kSamplers)
     if (info.kind == kind) return info;
@@ -115,8 +119,24 @@ struct SolverHooks {
   std::function<void(double t_next, bool last, S* x)> on_step;
 };
 
+/// `first`'s hooks, then `then`'s, where each is set.
+template <class S>
+SolverHooks<S> chain_hooks(SolverHooks<S> first, const SolverHooks<S>& then) {
+  const auto chain = [](auto a, const auto& b) -> std::decay_t<decltype(b)> {
+    if (!a) return b;
+    if (!b) return a;
+    return [a = std::move(a), b](auto... args) {
+      a(args...);
+      b(args...);
+    };
+  };
+  first.on_denoised = chain(std::move(first.on_denoised), then.on_denoised);
+  first.on_step = chain(std::move(first.on_step), then.on_step);
+  return first;
+}
+
 struct SolverSettings {
-  SamplerKind kind = SamplerKind::dpmpp_2m;
+  SamplerKind kind = kDefaultSampler;
   Endpoint endpoint = Endpoint::sample;
   HeunSelfCondition heun_self_condition = HeunSelfCondition::latest;
   /// Throw NumericError when the denoiser returns a NaN or an infinity.
