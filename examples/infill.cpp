@@ -3,8 +3,8 @@
 //   example_infill WEIGHTS.safetensors TOKENIZER_DIR ["TEXT with <|mask|> markers"]
 //
 // For example, with the demo model and GPT-2's tokenizer files of this repository:
-//   example_infill tools/assets/ldlm-demo/ldlm-demo.safetensors tools/assets/gpt2 \
-//       "The children played in the <|mask|> after school."
+//   example_infill tools/assets/ldlm-demo/ldlm-demo.safetensors tools/assets/gpt2
+//       "The children played in the <|mask|> after school."   (one command line)
 // Loads every module (encoding the known text needs the feature model and the encoder),
 // turns the text into ids with one mask id per marker, samples the masked positions with
 // the default sampler and condition, and prints two samples.

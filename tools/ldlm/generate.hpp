@@ -21,22 +21,9 @@ const Command kGenerate{
         "With --prompt, the prompt's tokens take the first positions and the sampler fills the\n"
         "rest; with --suffix, the suffix's take the last (docs/model.md §Conditioning). The\n"
         "output is the whole text, every given token as given; --ids prints all T ids.",
-    with_model_options(
-        [] {
-          std::vector<Option> o = {
-              {"length", "T", "tokens per sequence (default " + std::to_string(kDefaultLength) + ")"},
-              {"batch", "B",
-               "number of sequences, 1 to " + std::to_string(kMaxBatch) + " (default " + std::to_string(kDefaultBatch) +
-                   ")"}};
-          for (Option& option : sampler_option_list()) o.push_back(std::move(option));
-          o.push_back({"prompt", "TEXT", "the text the samples begin with"});
-          o.push_back({"suffix", "TEXT", "the text the samples end with"});
-          for (Option& option : condition_option_list()) o.push_back(std::move(option));
-          return o;
-        }(),
-        {{"output", "FILE", "write the samples there instead of stdout"},
-         {"ids", "", "print token ids, one line per sample, instead of text"},
-         kTokenizerOption}),
+    sampling_command_options(
+        {{"length", "T", "tokens per sequence (default " + std::to_string(kDefaultLength) + ")"}},
+        {{"prompt", "TEXT", "the text the samples begin with"}, {"suffix", "TEXT", "the text the samples end with"}}),
     sampler_table() + condition_table() + "\n" + kModelChoice + "Generation runs the " +
         std::string(Denoiser<>::kName) + ", " + std::string(LatentDecoder<>::kName) + " and " +
         std::string(TokenDecoder<>::kName) + ". ldlm-base's\n" + "generator weights (--init-seed " +

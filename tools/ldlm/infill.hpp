@@ -16,32 +16,22 @@ const Command kInfill{
     "Sample the positions marked in --text or --tokens and keep every other token as\n"
     "given (docs/model.md §Conditioning); print the whole text: one sample, or each of\n"
     "--batch samples after a '--- sample i of B ---' line; --ids prints the ids.",
-    with_model_options(
-        [] {
-          std::vector<Option> o = {
-              {"text", "S", "the text; each " + std::string(kMaskMarker) + " in it is one token position to fill"},
-              {"tokens", "\"464 50258 ...\"", "token ids instead; the mask id marks a position to fill"},
-              {"batch", "B",
-               "number of samples, 1 to " + std::to_string(kMaxBatch) + " (default " + std::to_string(kDefaultBatch) +
-                   ")"}};
-          for (Option& option : sampler_option_list()) o.push_back(std::move(option));
-          for (Option& option : condition_option_list()) o.push_back(std::move(option));
-          return o;
-        }(),
-        {{"output", "FILE", "write the samples there instead of stdout"},
-         {"ids", "", "print token ids, one line per sample, instead of text"},
-         kTokenizerOption}),
-    "At most one of --text and --tokens; without either, the text comes from stdin. In the text, only the exact characters " + std::string(kMaskMarker) +
-        " are the mask\n"
-        "(in every other command, and anywhere else, such text is plain text, and a fragment\n"
-        "such as '<|mask' is plain text here too). A space right before a mask belongs to\n"
-        "the masked token, as GPT-2's words carry their leading space: 'The " +
+    sampling_command_options(
+        {{"text", "S", "the text; each " + std::string(kMaskMarker) + " in it is one token position to fill"},
+         {"tokens", "\"464 50258 ...\"", "token ids instead; the mask id marks a position to fill"}},
+        {}),
+    "At most one of --text and --tokens; without either, the text comes from stdin. In\n"
+    "the text, only the exact characters " +
         std::string(kMaskMarker) +
-        " sat' fills\n"
-        "one word after 'The'. The mask id is V - 1 (" +
+        " are the mask (in every other command such\n"
+        "text is plain text, and a fragment such as '<|mask' is plain text here too). A space\n"
+        "right before a mask belongs to the masked token, as GPT-2's words carry their leading\n"
+        "space: 'The " +
+        std::string(kMaskMarker) + " sat' fills one word after 'The'. The mask id is V - 1 (" +
         std::to_string(kDefaultVocabSize - 1) +
-        " for GPT-2's vocabulary). A sequence with every\n"
-        "position masked is unconditional generation; one without a mask is an error.\n\n" +
+        " for GPT-2's\n"
+        "vocabulary). A sequence with every position masked is unconditional generation; one\n"
+        "without a mask is an error.\n\n" +
         sampler_table() + condition_table() + "\n" + kModelChoice};
 
 int run_infill(const Args& args) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common.hpp"
+#include "text.hpp"
 
 namespace ldlm::cli {
 
@@ -116,12 +117,26 @@ std::vector<Option> condition_option_list() {
            "how the known tokens enter the sampler: " + condition_method_names("|") + " (default " +
                std::string(condition_method_info(defaults.method).name) + "; below)"},
           {"fill", "NAME",
-           "what stands at the free positions while the known tokens are encoded: " + known_fill_names("|") +
+           "what stands at the free positions while the known tokens are encoded:\n" + known_fill_names("|") +
                " (default " + std::string(known_fill_info(defaults.fill).name) + ")"},
           {"resample", "R",
            "RePaint: take every step 1 + R times, re-noising in between (default " + std::to_string(defaults.resample) +
                "; R more denoiser calls per step)"},
           {"condition-from", "T", "apply the known tokens only at times t <= T, in (0, 1] (default 1: always)"}};
+}
+
+/// The options of a command that samples (generate, infill): `own`, --batch, the
+/// sampler's, `extra`, the condition's, the model's, then --output, --ids and --tokenizer.
+std::vector<Option> sampling_command_options(std::vector<Option> own, const std::vector<Option>& extra) {
+  own.push_back(
+      {"batch", "B",
+       "number of samples, 1 to " + std::to_string(kMaxBatch) + " (default " + std::to_string(kDefaultBatch) + ")"});
+  for (Option& option : sampler_option_list()) own.push_back(std::move(option));
+  own.insert(own.end(), extra.begin(), extra.end());
+  for (Option& option : condition_option_list()) own.push_back(std::move(option));
+  return with_model_options(std::move(own), {{"output", "FILE", "write the samples there instead of stdout"},
+                                             {"ids", "", "print token ids, one line per sample, instead of text"},
+                                             kTokenizerOption});
 }
 
 /// The condition methods' table of the help.

@@ -73,14 +73,10 @@ inline std::string known_fill_names(std::string_view separator = ", ") {
   return detail::joined_names(kKnownFills, separator);
 }
 inline const ConditionMethodInfo& condition_method_info(ConditionMethod method) {
-  for (const auto& info : kConditionMethods)
-    if (info.method == method) return info;
-  throw InvalidArgument("condition: unknown ConditionMethod value " + std::to_string(static_cast<int>(method)));
+  return detail::info_of(kConditionMethods, &ConditionMethodInfo::method, method, "condition: unknown ConditionMethod");
 }
 inline const KnownFillInfo& known_fill_info(KnownFill fill) {
-  for (const auto& info : kKnownFills)
-    if (info.fill == fill) return info;
-  throw InvalidArgument("condition: unknown KnownFill value " + std::to_string(static_cast<int>(fill)));
+  return detail::info_of(kKnownFills, &KnownFillInfo::fill, fill, "condition: unknown KnownFill");
 }
 
 /// How a condition is applied, chosen by the measurement of docs/model.md §Conditioning.

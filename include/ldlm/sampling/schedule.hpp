@@ -91,6 +91,15 @@ const typename Table::value_type* find_named(const Table& table, std::string_vie
   return nullptr;
 }
 
+/// The entry of a table of named choices whose `member` is `value`; an InvalidArgument
+/// naming `what` (e.g. "sampler: unknown SamplerKind") when there is none.
+template <class Table, class Member, class Value>
+const typename Table::value_type& info_of(const Table& table, Member member, Value value, std::string_view what) {
+  for (const auto& entry : table)
+    if (entry.*member == value) return entry;
+  throw InvalidArgument(std::string(what) + " value " + std::to_string(static_cast<int>(value)));
+}
+
 /// The names of a table's entries, joined by `separator`.
 template <class Table>
 std::string joined_names(const Table& table, std::string_view separator) {
@@ -120,9 +129,7 @@ inline constexpr std::array<TimeGridInfo, 3> kTimeGrids{{
 }};
 
 inline const TimeGridInfo& time_grid_info(TimeGrid grid) {
-  for (const auto& info : kTimeGrids)
-    if (info.grid == grid) return info;
-  throw InvalidArgument("time grid: unknown TimeGrid value " + std::to_string(static_cast<int>(grid)));
+  return detail::info_of(kTimeGrids, &TimeGridInfo::grid, grid, "time grid: unknown TimeGrid");
 }
 
 /// The grid named `name`, if there is one.

@@ -71,9 +71,7 @@ inline constexpr std::array<SamplerInfo, 10> kSamplers{{
 inline constexpr SamplerKind kDefaultSampler = SamplerKind::dpmpp_3m;
 
 inline const SamplerInfo& sampler_info(SamplerKind kind) {
-  for (const auto& info : kSamplers)
-    if (info.kind == kind) return info;
-  throw InvalidArgument("sampler: unknown SamplerKind value " + std::to_string(static_cast<int>(kind)));
+  return detail::info_of(kSamplers, &SamplerInfo::kind, kind, "sampler: unknown SamplerKind");
 }
 
 inline std::optional<SamplerKind> find_sampler(std::string_view name) {
