@@ -12,7 +12,7 @@
 
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/tensor.hpp"
-#include "ldlm/ops/gemm.hpp"
+#include "ldlm/ops/packed_matrix.hpp"
 
 namespace ldlm {
 
