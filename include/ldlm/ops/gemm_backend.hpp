@@ -1,5 +1,6 @@
-// The choice of what multiplies, made once per process: the backend, and whether
-// bf16 operands meet bf16 instructions.
+// The choice of what multiplies: the backend, once per process; whether bf16
+// operands meet bf16 instructions, once per process; and from those the path of each
+// weight's products (ProductPath), once per weight, when it is packed.
 //
 // Backends (gemm_backend()):
 //   onednn  oneDNN (Debian libdnnl-dev, ops/onednn.hpp). It dispatches on CPUID
@@ -27,6 +28,8 @@
 
 #include "ldlm/core/amx.hpp"
 #include "ldlm/core/error.hpp"
+#include "ldlm/core/precision.hpp"
+#include "ldlm/core/tensor.hpp"
 #include "ldlm/ops/onednn.hpp"
 
 namespace ldlm {
@@ -100,6 +103,52 @@ inline bool bf16_attention_amx() {
 #else
   return false;
 #endif
+}
+
+/// How a weight's products run, decided once when the weight is packed
+/// (PackedMatrix::pack, product_path) and kept as a value of the packed weight, so
+/// that no layer above tests a kernel.
+enum class ProductPath {
+  eigen,         // fp32 values multiplied by Eigen (the eigen backend, or a weight with no extent)
+  fp32_packed,   // fp32, reordered for oneDNN's fp32 kernels
+  bf16_native,   // bf16, reordered for bf16 kernels: reads bf16 rows, writes bf16 activations, adds gated residuals
+  bf16_widened,  // bf16 held in bf16, widened block by block for fp32 kernels on bf16-rounded operands
+};
+
+inline constexpr std::string_view product_path_name(ProductPath p) {
+  switch (p) {
+    case ProductPath::eigen:
+      return "eigen";
+    case ProductPath::fp32_packed:
+      return "fp32_packed";
+    case ProductPath::bf16_native:
+      return "bf16_native";
+    case ProductPath::bf16_widened:
+      return "bf16_widened";
+  }
+  return "?";
+}
+
+/// The path of the products of an [n out, k in] weight in `precision`, in this process.
+inline ProductPath product_path(Precision precision, Index n, Index k) {
+  if (precision == Precision::bf16 && !bf16_operands_native()) return ProductPath::bf16_widened;
+  // (No extent: oneDNN packs nothing, and Eigen's product of no terms writes zeros or the bias.)
+  if (gemm_backend() != GemmBackend::onednn || n == 0 || k == 0) return ProductPath::eigen;
+  return precision == Precision::bf16 ? ProductPath::bf16_native : ProductPath::fp32_packed;
+}
+
+/// The form of the rows a product reads: float32 rows (S rows for a double model), or
+/// bf16 rows, which only a bf16_native product reads; the layer that writes a product's
+/// operand writes it in this form, rounded once.
+enum class RowForm { fp32, bf16 };
+
+inline constexpr RowForm row_form(ProductPath p) {
+  return p == ProductPath::bf16_native ? RowForm::bf16 : RowForm::fp32;
+}
+
+/// The form rows read by several products take: bf16 only when every one reads bf16.
+inline constexpr RowForm common_form(RowForm a, RowForm b) {
+  return a == RowForm::bf16 && b == RowForm::bf16 ? RowForm::bf16 : RowForm::fp32;
 }
 
 }  // namespace ldlm

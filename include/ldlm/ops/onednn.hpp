@@ -231,8 +231,8 @@ inline Matmul& runtime_matmul(memory::data_type type, bool transpose_b, float be
 
 /// The same product with every extent, stride and scalar fixed: one primitive per
 /// problem and thread. Only then does oneDNN run its blocked kernels (brgemm, AMX):
-/// its runtime-shape GEMM has none, and on bf16 operands it ran attention's QKᵀ at a
-/// tenth of a fixed-shape primitive's speed on AMX (bench/results/README.md). Dense
+/// its runtime-shape GEMM has none, and on bf16 operands it ran attention's QKᵀ far
+/// below a fixed-shape primitive (figures in bench/results/README.md). Dense
 /// operands (row stride = columns, or a transposed B with column stride = rows) get
 /// the blocked kernels; others fall back to oneDNN's GEMM inside the primitive.
 inline Matmul& fixed_matmul(memory::data_type type, Index M, Index N, Index K, Index lda, Index ldb, bool transpose_b,

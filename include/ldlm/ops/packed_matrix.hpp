@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "ldlm/core/error.hpp"
@@ -21,7 +22,36 @@ namespace ldlm {
 
 enum class WeightLayout { out_in, in_out };  // nn.Linear [out, in]; GPT-2 Conv1D [in, out]
 
-/// A weight reordered once, at load, into the layout the chosen kernel wants, in the
+/// Where a packed weight's product r = x · W[:, columns] (+ bias) goes: written as
+/// float rows; written as activation(r) in bf16 rows, computed in fp32 and rounded
+/// once, the next product's operand; or added to float rows as gate ⊙ r (a gated
+/// residual, gate one [1, N] row). The last two happen inside bf16 kernels' products
+/// (ProductPath::bf16_native) and want dense rows. A product may cover a block of the
+/// output columns (PackedMatrix::column_block()), so that threads can share a
+/// product of few rows; y's rows are then the whole rows, of which it writes the block.
+struct ProductOutput {
+  void* data = nullptr;
+  Index stride = 0;  // elements between rows
+  Activation activation = Activation::none;
+  const float* gate = nullptr;
+  Index first_column = 0, columns = -1;  // columns < 0: all of them
+
+  static ProductOutput rows(float* y, Index ldy) { return {y, ldy}; }
+  static ProductOutput activated(bf16* y, Index ldy, Activation activation) {
+    if (activation == Activation::none)
+      throw InvalidArgument("ProductOutput::activated: bf16 rows are written with an activation, got none");
+    return {y, ldy, activation};
+  }
+  static ProductOutput gated_add(float* residual, Index ld, const float* gate) { return {residual, ld, {}, gate}; }
+  /// This output restricted to columns [n0, n0 + cols).
+  ProductOutput block(Index n0, Index cols) const {
+    ProductOutput o = *this;
+    o.first_column = n0, o.columns = cols;
+    return o;
+  }
+};
+
+/// A weight reordered once, at load, into the layout its path's kernel wants, in the
 /// precision its products run in. Immutable after packing, so one packed weight
 /// serves any number of threads.
 class PackedMatrix {
@@ -33,45 +63,23 @@ class PackedMatrix {
     p.weight_shape_ = Shape{w.rows(), w.cols()};
     p.n_ = layout == WeightLayout::out_in ? w.rows() : w.cols();
     p.k_ = layout == WeightLayout::out_in ? w.cols() : w.rows();
-    p.bf16_operands_ = precision == Precision::bf16 && bf16_operands_native();
-    if (precision == Precision::bf16 && !p.bf16_operands_) {
-      p.pack_widened(w, layout);
-      return p;
-    }
-#if defined(LDLM_HAVE_ONEDNN)
-    if (gemm_backend() == GemmBackend::onednn && p.n_ > 0 && p.k_ > 0) {
-      namespace dd = detail::onednn;
-      const auto type = p.bf16_operands_ ? dd::memory::data_type::bf16 : dd::memory::data_type::f32;
-      p.desc_ = dd::packed_weight_desc(p.n_, p.k_, type);
-      p.storage_ = Storage(p.desc_.get_size());
-      // The reorder reads w in place when it can: a copy of lm_head alone is 154 MB
-      // at ldlm-base width, and loading would briefly hold three of it.
-      Matrix<float> copy;
-      const float* source = w.data();
-      if (w.outerStride() != w.cols()) {
-        copy = w;
-        source = copy.data();
+    p.path_ = product_path(precision, p.n_, p.k_);
+    switch (p.path_) {
+      case ProductPath::bf16_widened:
+        p.pack_widened(w, layout);
+        break;
+      case ProductPath::fp32_packed:
+      case ProductPath::bf16_native:
+        p.pack_onednn(w, layout);
+        break;
+      case ProductPath::eigen: {
+        Matrix<float> values = w;
+        if (layout == WeightLayout::out_in) values.transposeInPlace();  // Eigen multiplies by [K, N]
+        p.plain_ = std::make_shared<const Matrix<float>>(std::move(values));
+        p.kernel_ = "eigen";
+        break;
       }
-      // As a [K, N] matrix, nn.Linear's row-major [N, K] is column-major ("ba").
-      const auto plain_tag = layout == WeightLayout::out_in ? dd::memory::format_tag::ba : dd::memory::format_tag::ab;
-      // const_cast: a reorder only reads its source.
-      dd::memory plain({{p.k_, p.n_}, dd::memory::data_type::f32, plain_tag}, dd::engine(), const_cast<float*>(source));
-      dd::memory packed(p.desc_, dd::engine(), p.storage_.data());
-      dd::SerialScope serial;
-      dnnl::reorder(plain, packed).execute(dd::stream(), plain, packed);
-      dd::stream().wait();
-      p.kernel_ = dd::packed_matmul(p.desc_, 1024, true).kernel;
-      if (p.bf16_operands_ &&
-          p.desc_ == dd::memory::desc({p.k_, p.n_}, dd::memory::data_type::bf16, dd::memory::format_tag::BA16a64b2a))
-        p.column_block_ = 64;
-      return p;
     }
-#endif
-    Matrix<float> values = w;
-    if (layout == WeightLayout::out_in) values.transposeInPlace();  // Eigen multiplies by [K, N]
-    p.bf16_operands_ = false;  // (K = 0 on oneDNN: the plain path neither writes bf16 nor gates)
-    p.plain_ = std::make_shared<const Matrix<float>>(std::move(values));
-    p.kernel_ = "eigen";
     return p;
   }
 
@@ -80,6 +88,10 @@ class PackedMatrix {
   /// The packed weight's own shape, in PyTorch order ([out, in] or Conv1D's [in, out]).
   const Shape& weight_shape() const { return weight_shape_; }
   Precision precision() const { return precision_; }
+  /// How this weight's products run, chosen when it was packed.
+  ProductPath path() const { return path_; }
+  /// The form of the rows its products read (bf16 rows on bf16_native only).
+  RowForm input_form() const { return row_form(path_); }
   /// The implementation that multiplies, e.g. "brg:avx512_core_amx" or "eigen".
   const std::string& kernel() const { return kernel_; }
   /// Bytes of the packed weight.
@@ -89,120 +101,61 @@ class PackedMatrix {
 
   /// Scratch bytes multiply() needs for M rows.
   std::size_t scratch_bytes(Index M) const {
-    if (widened()) {  // a chunk of rounded rows, and one widened block
+    if (path_ == ProductPath::bf16_widened) {  // a chunk of rounded rows, and one widened block
       const auto rounded = static_cast<std::size_t>(std::min(M, kWidenedRows) * k_);
-      const auto block = static_cast<std::size_t>(k_ * std::min(widened_block_, n_));
+      const auto block = static_cast<std::size_t>(k_ * std::min(kWidenedBlock, n_));
       return (rounded + block) * sizeof(float) + 128;
     }
     return static_cast<std::size_t>(M) * static_cast<std::size_t>(k_ + n_) * sizeof(float) + 128;
   }
 
-  /// Columns per block of a bf16 weight widened block by block (widened()).
+  /// Columns per block of a bf16_widened weight: each block is widened to fp32 in
+  /// scratch right before its product. That is how a CPU without bf16 instructions
+  /// (or the Eigen backend) keeps bf16 weights resident, half the memory: widening
+  /// costs K·N element copies per product and thread against M·K·N FMAs, and each
+  /// block is a call of the runtime-shape GEMM (its speed against fp32:
+  /// bench/results/README.md).
   static constexpr Index kWidenedBlock = 256;
   /// Rows of x a widened product rounds to bf16 at a time. Rounding all of them
   /// would keep a copy of the activations in each worker's scratch (fc2's
   /// [1024 × 3072] at T = 1024: 12.6 MB), resident for the rest of the run.
   static constexpr Index kWidenedRows = 128;
-  /// Whether this bf16 weight is held in bf16 and multiplied by fp32 kernels: each
-  /// block of kWidenedBlock columns is widened to fp32 in scratch right before its
-  /// product. That is how a CPU without bf16 instructions (or the Eigen backend)
-  /// keeps bf16 weights resident, half the memory: widening costs K·N element
-  /// copies per product and thread against M·K·N FMAs, and each block is a call of
-  /// the runtime-shape GEMM (0.95-1.03x fp32's speed on an AVX2 CPU:
-  /// bench/results/README.md).
-  bool widened() const { return widened_block_ > 0; }
 
-  /// y[M, N] = x[M, K] · W (+ bias[N]); x and y row-major with row strides ldx, ldy;
-  /// y must not overlap x. `scratch` holds scratch_bytes(M), 64-byte aligned.
-  /// Runs on the calling thread only.
-  void multiply(const float* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
-    if (M == 0 || n_ == 0) return;
-    if (widened()) return multiply_widened(x, ldx, M, bias, 0, n_, y, ldy, scratch);
-    multiply_into(operand(x, ldx, M, scratch), M, bias, y, ldy, scratch);
-  }
-
-  /// Where a product may be cut into blocks of output columns (multiply_columns), or
-  /// 0: each block of this many columns of the packed weight is one contiguous
+  /// Where a product may be cut into blocks of output columns (ProductOutput::block),
+  /// or 0: each block of this many columns of the packed weight is one contiguous
   /// [K, block] weight of the same layout (oneDNN's BA16a64b2a for bf16 kernels, or
   /// a widened weight's blocks).
   Index column_block() const { return column_block_; }
 
-  /// y[M, n0 : n0 + cols] = x[M, K] · W[:, n0 : n0 + cols] (+ bias[n0 : n0 + cols]),
-  /// y's rows ldy apart: one block of columns of the product, so that threads can
-  /// share a product of few rows. n0 is a multiple of column_block(), and so is cols
-  /// unless the block ends at N. Same requirements on x, y and scratch as multiply.
-  void multiply_columns([[maybe_unused]] const float* x, [[maybe_unused]] Index ldx, Index M,
-                        [[maybe_unused]] const float* bias, Index n0, Index cols, [[maybe_unused]] float* y,
-                        [[maybe_unused]] Index ldy, [[maybe_unused]] std::byte* scratch) const {
-    if (column_block_ == 0)
-      throw InvalidArgument("PackedMatrix::multiply_columns: this weight has no column blocks (" + kernel_ + ")");
-    if (n0 < 0 || n0 % column_block_ != 0 || cols < 0 || n0 + cols > n_ ||
-        (cols % column_block_ != 0 && n0 + cols != n_))
-      throw InvalidArgument("PackedMatrix::multiply_columns: columns [" + std::to_string(n0) + ", " +
-                            std::to_string(n0 + cols) + ") of " + std::to_string(n_) + " are not whole blocks of " +
-                            std::to_string(column_block_));
+  /// The product of x[M, K] (float rows, or bf16 rows on bf16_native; row stride ldx)
+  /// and the weight (+ bias[N]) into `out`, which must not overlap x. A block of
+  /// columns starts at a multiple of column_block() and is whole blocks unless it ends
+  /// at N. `scratch` holds scratch_bytes(M), 64-byte aligned. Runs on the calling
+  /// thread only.
+  template <class X>
+  void multiply(const X* x, Index ldx, Index M, const float* bias, const ProductOutput& out, std::byte* scratch) const {
+    static_assert(std::is_same_v<X, float> || std::is_same_v<X, bf16>, "PackedMatrix::multiply: float or bf16 rows");
+    const bool whole = out.columns < 0;
+    const Index n0 = whole ? 0 : out.first_column, cols = whole ? n_ : out.columns;
+    if (!whole) require_column_block(n0, cols);
     if (M == 0 || cols == 0) return;
-    if (widened()) return multiply_widened(x, ldx, M, bias, n0, n0 + cols, y, ldy, scratch);
-#if defined(LDLM_HAVE_ONEDNN)
-    namespace dd = detail::onednn;
-    const dd::memory::desc block({k_, cols}, dd::memory::data_type::bf16, dd::memory::format_tag::BA16a64b2a);
-    const Index padded_k = desc_.data.padded_dims[0];
-    dd::Matmul& mm = dd::packed_matmul(block, M, bias != nullptr);
-    // oneDNN's blocked kernels want dense rows (strided ones got its reference
-    // implementation, 100x slower): a single row is, others go through scratch.
-    float* const out = M == 1 ? y + n0 : reinterpret_cast<float*>(scratch) + M * k_;
-    dd::ProductArgs args;
-    args.add(DNNL_ARG_SRC, dd::memory::data_type::bf16, M, k_, k_, 1, operand(x, ldx, M, scratch));
-    args.add_packed(DNNL_ARG_WEIGHTS, block, storage_.data() + n0 * padded_k * sizeof(bf16), /*column_block=*/true);
-    args.add(DNNL_ARG_DST, dd::memory::data_type::f32, M, cols, cols, 1, out);
-    if (bias) args.add(DNNL_ARG_BIAS, dd::memory::data_type::f32, 1, cols, cols, 1, bias + n0);
-    args.execute(mm);
-    if (out != y + n0)
-      for (Index r = 0; r < M; ++r) std::copy_n(out + r * cols, cols, y + r * ldy + n0);
-#endif
-  }
-
-  /// Whether the product takes bf16 operands and can write them (the overloads below).
-  bool bf16_operands() const { return bf16_operands_; }
-
-  /// y[M, N] = x[M, K] · W (+ bias[N]) on x already in bf16 (row stride ldx), as
-  /// `multiply` would round it; needs bf16_operands().
-  void multiply(const bf16* x, Index ldx, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
-    if (M == 0 || n_ == 0) return;
-    require_bf16_operands("a bf16 input");
-    multiply_into(dense_bf16(x, ldx, M, scratch), M, bias, y, ldy, scratch);
-  }
-
-  /// y[M, N] = activation(x[M, K] · W (+ bias[N])) in bf16, dense: computed in fp32
-  /// and rounded once, the next product's operand. Needs bf16_operands(). x is
-  /// float32 rows, or bf16 rows (the overload below).
-  void multiply_activated(const float* x, Index ldx, Index M, const float* bias, Activation activation, bf16* y,
-                          std::byte* scratch) const {
-    if (M > 0 && n_ > 0 && require_activation(activation))
-      multiply_dense(operand(x, ldx, M, scratch), M, bias, y, activation);
-  }
-  void multiply_activated(const bf16* x, Index ldx, Index M, const float* bias, Activation activation, bf16* y,
-                          std::byte* scratch) const {
-    if (M > 0 && n_ > 0 && require_activation(activation))
-      multiply_dense(dense_bf16(x, ldx, M, scratch), M, bias, y, activation);
-  }
-
-  /// residual[M, N] += gate[N] ⊙ (x[M, K] · W (+ bias[N])) in one pass: the product
-  /// scales its fp32 result by the gate and adds it where it writes (a gated residual
-  /// without the product's own output). residual is dense and must not overlap x.
-  /// Needs bf16_operands().
-  void multiply_gated_add(const float* x, Index ldx, Index M, const float* bias, const float* gate, float* residual,
-                          std::byte* scratch) const {
-    if (M == 0 || n_ == 0) return;
-    require_bf16_operands("a gated residual");
-    multiply_dense(operand(x, ldx, M, scratch), M, bias, residual, Activation::none, gate);
-  }
-  /// The same on x already in bf16 (row stride ldx).
-  void multiply_gated_add(const bf16* x, Index ldx, Index M, const float* bias, const float* gate, float* residual,
-                          std::byte* scratch) const {
-    if (M == 0 || n_ == 0) return;
-    require_bf16_operands("a gated residual");
-    multiply_dense(dense_bf16(x, ldx, M, scratch), M, bias, residual, Activation::none, gate);
+    const bool fused = out.activation != Activation::none || out.gate != nullptr;
+    if constexpr (std::is_same_v<X, bf16>) require_native("a bf16 input");
+    if (fused) {
+      require_native(out.gate ? "a gated residual" : "a bf16 output");
+      if (!whole || out.stride != n_)
+        throw InvalidArgument("PackedMatrix " + shape_string(weight_shape_) +
+                              ": a fused output needs all columns in dense rows (row stride " + std::to_string(n_) +
+                              "), got columns [" + std::to_string(n0) + ", " + std::to_string(n0 + cols) +
+                              ") at row stride " + std::to_string(out.stride));
+      return product_dense(operand(x, ldx, M, scratch), M, bias, out.data, out.activation, out.gate);
+    }
+    float* const y = static_cast<float*>(out.data);
+    if constexpr (std::is_same_v<X, float>)
+      if (path_ == ProductPath::bf16_widened)
+        return product_widened(x, ldx, M, bias, n0, n0 + cols, y, out.stride, scratch);
+    if (whole) return product_into(operand(x, ldx, M, scratch), M, bias, y, out.stride, scratch);
+    product_columns(operand(x, ldx, M, scratch), M, bias, n0, cols, y, out.stride, scratch);
   }
 
  private:
@@ -223,10 +176,43 @@ class PackedMatrix {
     std::size_t size_ = 0;
   };
 
+  /// Reorders w into oneDNN's layout for its fp32 or bf16 kernels.
+  void pack_onednn([[maybe_unused]] ConstMatRef<float> w, [[maybe_unused]] WeightLayout layout) {
+#if defined(LDLM_HAVE_ONEDNN)
+    namespace dd = detail::onednn;
+    const bool bf16_kernels = path_ == ProductPath::bf16_native;
+    const auto type = bf16_kernels ? dd::memory::data_type::bf16 : dd::memory::data_type::f32;
+    desc_ = dd::packed_weight_desc(n_, k_, type);
+    storage_ = Storage(desc_.get_size());
+    // The reorder reads w in place when it can: a copy of lm_head alone is 154 MB
+    // at ldlm-base width, and loading would briefly hold three of it.
+    Matrix<float> copy;
+    const float* source = w.data();
+    if (w.outerStride() != w.cols()) {
+      copy = w;
+      source = copy.data();
+    }
+    // As a [K, N] matrix, nn.Linear's row-major [N, K] is column-major ("ba").
+    const auto plain_tag = layout == WeightLayout::out_in ? dd::memory::format_tag::ba : dd::memory::format_tag::ab;
+    // const_cast: a reorder only reads its source.
+    dd::memory plain({{k_, n_}, dd::memory::data_type::f32, plain_tag}, dd::engine(), const_cast<float*>(source));
+    dd::memory packed(desc_, dd::engine(), storage_.data());
+    dd::SerialScope serial;
+    dnnl::reorder(plain, packed).execute(dd::stream(), plain, packed);
+    dd::stream().wait();
+    kernel_ = dd::packed_matmul(desc_, 1024, true).kernel;
+    if (bf16_kernels &&
+        desc_ == dd::memory::desc({k_, n_}, dd::memory::data_type::bf16, dd::memory::format_tag::BA16a64b2a))
+      column_block_ = 64;
+#else
+    throw Error("PackedMatrix: path " + std::string(product_path_name(path_)) + " without oneDNN in this build");
+#endif
+  }
+
   /// Holds w in bf16, as consecutive dense [K, cols] blocks of kWidenedBlock columns
   /// (the last one narrower), ready to be widened one block at a time.
   void pack_widened(ConstMatRef<float> w, WeightLayout layout) {
-    widened_block_ = column_block_ = kWidenedBlock;
+    column_block_ = kWidenedBlock;
     storage_ = Storage(static_cast<std::size_t>(n_ * k_) * sizeof(bf16));
     bf16* const out = reinterpret_cast<bf16*>(storage_.data());
     for (Index n0 = 0; n0 < n_; n0 += kWidenedBlock) {
@@ -252,14 +238,14 @@ class PackedMatrix {
   /// the fp32 kernels with x's rows rounded to bf16 (operand) kWidenedRows at a time,
   /// into scratch before it. (Rows are rounded again for every block: M·K·N/256
   /// conversions against M·K·N FMAs.)
-  void multiply_widened(const float* x, Index ldx, Index M, const float* bias, Index n0, Index n1, float* y, Index ldy,
-                        std::byte* scratch) const {
+  void product_widened(const float* x, Index ldx, Index M, const float* bias, Index n0, Index n1, float* y, Index ldy,
+                       std::byte* scratch) const {
     const Index chunk = std::min(M, kWidenedRows);
     float* const block = reinterpret_cast<float*>(scratch) + (chunk * k_ + 15) / 16 * 16;  // on a cache line
     const bf16* const weights = reinterpret_cast<const bf16*>(storage_.data());
     const float* rounded = nullptr;
-    for (Index c0 = n0; c0 < n1; c0 += widened_block_) {
-      const Index cols = std::min(widened_block_, n_ - c0);
+    for (Index c0 = n0; c0 < n1; c0 += kWidenedBlock) {
+      const Index cols = std::min(kWidenedBlock, n_ - c0);
       bf16_to_float(weights + c0 * k_, k_ * cols, block);
       for (Index r0 = 0; r0 < M; r0 += chunk) {
         const Index rows = std::min(chunk, M - r0);
@@ -273,26 +259,30 @@ class PackedMatrix {
     }
   }
 
-  /// The preconditions of multiply_activated; true, or throws.
-  bool require_activation(Activation activation) const {
-    require_bf16_operands("a bf16 output");
-    if (activation == Activation::none)
-      throw InvalidArgument("PackedMatrix::multiply_activated: needs an activation, got none");
-    return true;
+  void require_native(const char* what) const {
+    if (path_ != ProductPath::bf16_native)
+      throw InvalidArgument("PackedMatrix " + shape_string(weight_shape_) + ": " + what +
+                            " needs a weight packed for bf16 kernels (path bf16_native); this one is " +
+                            std::string(precision_name(precision_)) + " on " + kernel_ + " (path " +
+                            std::string(product_path_name(path_)) + ")");
   }
 
-  void require_bf16_operands(const char* what) const {
-    if (!bf16_operands_)
-      throw InvalidArgument(std::string("PackedMatrix: ") + what +
-                            " needs a weight packed for bf16 kernels; this one is " +
-                            std::string(precision_name(precision_)) + " on " + kernel_);
+  void require_column_block(Index n0, Index cols) const {
+    if (column_block_ == 0)
+      throw InvalidArgument("PackedMatrix " + shape_string(weight_shape_) + ": this weight has no column blocks (" +
+                            kernel_ + ")");
+    if (n0 < 0 || n0 % column_block_ != 0 || cols < 0 || n0 + cols > n_ ||
+        (cols % column_block_ != 0 && n0 + cols != n_))
+      throw InvalidArgument("PackedMatrix " + shape_string(weight_shape_) + ": columns [" + std::to_string(n0) + ", " +
+                            std::to_string(n0 + cols) + ") of " + std::to_string(n_) + " are not whole blocks of " +
+                            std::to_string(column_block_));
   }
 
   /// x as the kernel takes it: bf16 converted or bf16-rounded rows, or dense rows
   /// (in scratch), or x itself.
   const void* operand(const float* x, Index ldx, Index M, std::byte* scratch) const {
     float* const x_copy = reinterpret_cast<float*>(scratch);
-    if (bf16_operands_) {
+    if (path_ == ProductPath::bf16_native) {
       for (Index r = 0; r < M; ++r) to_bf16(x + r * ldx, k_, reinterpret_cast<bf16*>(x_copy) + r * k_);
       return x_copy;
     }
@@ -308,7 +298,7 @@ class PackedMatrix {
   }
 
   /// x's rows (stride ldx) as one dense block: x itself, or a copy in scratch.
-  const bf16* dense_bf16(const bf16* x, Index ldx, Index M, std::byte* scratch) const {
+  const bf16* operand(const bf16* x, Index ldx, Index M, std::byte* scratch) const {
     if (ldx == k_) return x;
     bf16* const x_copy = reinterpret_cast<bf16*>(scratch);
     for (Index r = 0; r < M; ++r) std::copy_n(x + r * ldx, k_, x_copy + r * k_);
@@ -317,19 +307,43 @@ class PackedMatrix {
 
   /// y[M, N] (row stride ldy) from the dense operand a: through scratch's second part
   /// (after M · K floats, where `operand` puts a copy of x) when y is not dense.
-  void multiply_into(const void* a, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
+  void product_into(const void* a, Index M, const float* bias, float* y, Index ldy, std::byte* scratch) const {
     float* const out = ldy == n_ ? y : reinterpret_cast<float*>(scratch) + M * k_;
-    multiply_dense(a, M, bias, out, Activation::none);
+    product_dense(a, M, bias, out, Activation::none);
     if (out != y)
       for (Index r = 0; r < M; ++r) std::copy_n(out + r * n_, n_, y + r * ldy);
   }
 
+  /// y[M, n0 : n0 + cols] (row stride ldy) from the dense bf16 operand a, on one
+  /// column block of a bf16_native weight (the only one with blocks besides widened).
+  void product_columns([[maybe_unused]] const void* a, [[maybe_unused]] Index M, [[maybe_unused]] const float* bias,
+                       [[maybe_unused]] Index n0, [[maybe_unused]] Index cols, [[maybe_unused]] float* y,
+                       [[maybe_unused]] Index ldy, [[maybe_unused]] std::byte* scratch) const {
+#if defined(LDLM_HAVE_ONEDNN)
+    namespace dd = detail::onednn;
+    const dd::memory::desc block({k_, cols}, dd::memory::data_type::bf16, dd::memory::format_tag::BA16a64b2a);
+    const Index padded_k = desc_.data.padded_dims[0];
+    dd::Matmul& mm = dd::packed_matmul(block, M, bias != nullptr);
+    // oneDNN's blocked kernels want dense rows (strided ones got its reference
+    // implementation, far slower): a single row is, others go through scratch.
+    float* const out = M == 1 ? y + n0 : reinterpret_cast<float*>(scratch) + M * k_;
+    dd::ProductArgs args;
+    args.add(DNNL_ARG_SRC, dd::memory::data_type::bf16, M, k_, k_, 1, a);
+    args.add_packed(DNNL_ARG_WEIGHTS, block, storage_.data() + n0 * padded_k * sizeof(bf16), /*column_block=*/true);
+    args.add(DNNL_ARG_DST, dd::memory::data_type::f32, M, cols, cols, 1, out);
+    if (bias) args.add(DNNL_ARG_BIAS, dd::memory::data_type::f32, 1, cols, cols, 1, bias + n0);
+    args.execute(mm);
+    if (out != y + n0)
+      for (Index r = 0; r < M; ++r) std::copy_n(out + r * cols, cols, y + r * ldy + n0);
+#endif
+  }
+
   /// y: float, or bf16 when there is an activation (only on bf16 kernels). With a
   /// gate (only on bf16 kernels), y += gate ⊙ product.
-  void multiply_dense(const void* a, Index M, const float* bias, void* y, [[maybe_unused]] Activation activation,
-                      [[maybe_unused]] const float* gate = nullptr) const {
+  void product_dense(const void* a, Index M, const float* bias, void* y, [[maybe_unused]] Activation activation,
+                     [[maybe_unused]] const float* gate = nullptr) const {
 #if defined(LDLM_HAVE_ONEDNN)
-    if (!plain_) {
+    if (path_ != ProductPath::eigen) {
       namespace dd = detail::onednn;
       dd::Matmul& mm = dd::packed_matmul(desc_, M, bias != nullptr, activation, gate != nullptr);
       dd::ProductArgs args;
@@ -355,12 +369,11 @@ class PackedMatrix {
   Precision precision_ = Precision::fp32;
   Shape weight_shape_;
   Index n_ = 0, k_ = 0;
-  bool bf16_operands_ = false;
+  ProductPath path_ = ProductPath::eigen;
   Index column_block_ = 0;
-  Index widened_block_ = 0;
   std::string kernel_;
   std::shared_ptr<const Matrix<float>> plain_;  // [K, N]: the eigen backend
-  Storage storage_;                             // oneDNN's layout, or widened()'s blocks
+  Storage storage_;                             // oneDNN's layout, or bf16_widened's blocks
 #if defined(LDLM_HAVE_ONEDNN)
   detail::onednn::memory::desc desc_;
 #endif
