@@ -14,7 +14,7 @@ macro(ldlm_find_onednn)
     set(LDLM_ONEDNN_FOUND TRUE)
     if(NOT TARGET ldlm::onednn)
       add_library(ldlm::onednn INTERFACE IMPORTED)
-      # dl: the OpenMP thread count is looked up with dlsym (ops/gemm.hpp).
+      # dl: the OpenMP thread count is looked up with dlsym (ops/onednn.hpp).
       set_target_properties(ldlm::onednn PROPERTIES
         INTERFACE_INCLUDE_DIRECTORIES "${LDLM_ONEDNN_INCLUDE_DIR}"
         INTERFACE_LINK_LIBRARIES "${LDLM_ONEDNN_LIBRARY};${CMAKE_DL_LIBS}")

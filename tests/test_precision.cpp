@@ -315,7 +315,7 @@ TEST(Bf16Gemm, ActivatedProductsWriteEachActivationInBf16AndBf16InputsMultiplyAs
   for (const Activation activation : {Activation::gelu_tanh, Activation::gelu_erf}) {
     const Activation other = activation == Activation::gelu_tanh ? Activation::gelu_erf : Activation::gelu_tanh;
     std::vector<bf16> y(static_cast<std::size_t>(M * K));
-    identity.multiply_activated(x.data(), K, M, bias.data(), activation, y.data(), scratch);
+    identity.multiply(x.data(), K, M, bias.data(), ProductOutput::activated(y.data(), K, activation), scratch);
     double worst = 0, worst_other = 0;
     Index at = 0;
     for (Index i = 0; i < M * K; ++i) {
@@ -336,8 +336,8 @@ TEST(Bf16Gemm, ActivatedProductsWriteEachActivationInBf16AndBf16InputsMultiplyAs
   Matrix<float> from_float(M, K), from_bf16(M, K);
   std::vector<bf16> xb(static_cast<std::size_t>(M * (K + 8)));  // rows 8 wider: a strided input
   for (Index r = 0; r < M; ++r) to_bf16(x.row(r).data(), K, xb.data() + r * (K + 8));
-  identity.multiply(x.data(), K, M, bias.data(), from_float.data(), K, scratch);
-  identity.multiply(xb.data(), K + 8, M, bias.data(), from_bf16.data(), K, scratch);
+  identity.multiply(x.data(), K, M, bias.data(), ProductOutput::rows(from_float.data(), K), scratch);
+  identity.multiply(xb.data(), K + 8, M, bias.data(), ProductOutput::rows(from_bf16.data(), K), scratch);
   EXPECT_TRUE(from_float == from_bf16) << "max |difference| " << (from_float - from_bf16).cwiseAbs().maxCoeff();
 }
 
@@ -371,8 +371,10 @@ TEST(Bf16Gemm, FewRowsSplitByColumnBlocksMatchOneThread) {
   std::vector<std::byte> scratch(packed.scratch_bytes(1) + 64);
   Matrix<float> y(1, N);
   const Matrix<float> x = Matrix<float>::Zero(1, K);
-  EXPECT_THAT(ldlm::test::error_of<InvalidArgument>(
-                  [&] { packed.multiply_columns(x.data(), K, 1, nullptr, 32, 64, y.data(), N, scratch.data()); }),
+  EXPECT_THAT(ldlm::test::error_of<InvalidArgument>([&] {
+                packed.multiply(x.data(), K, 1, nullptr, ProductOutput::rows(y.data(), N).block(32, 64),
+                                scratch.data());
+              }),
               HasSubstr("columns [32, 96) of 337 are not whole blocks of " + std::to_string(packed.column_block())));
 }
 
@@ -426,8 +428,7 @@ TEST(Bf16Gemm, GatedAddsRejectAGateOrResidualThatDoesNotFit) {
   if (!bf16_operands_native()) GTEST_SKIP() << "no bf16 kernel";
   const PackedMatrix packed = PackedMatrix::pack(Matrix<float>::Zero(64, 32), WeightLayout::out_in, Precision::bf16);
   Context ctx;
-  Matrix<float> x = Matrix<float>::Zero(6, 32), residual = Matrix<float>::Zero(6, 64),
-                wide = Matrix<float>::Zero(6, 80);
+  Matrix<float> x = Matrix<float>::Zero(6, 32), residual = Matrix<float>::Zero(6, 64);
   const Matrix<float> gate = Matrix<float>::Zero(2, 64), short_gate = Matrix<float>::Zero(2, 48);
   using ldlm::test::error_of;
   EXPECT_THAT(error_of<ShapeError>([&] {
@@ -439,21 +440,25 @@ TEST(Bf16Gemm, GatedAddsRejectAGateOrResidualThatDoesNotFit) {
               }),
               HasSubstr("a gated residual's 6 rows are not whole sequences of T = 4"));
   EXPECT_THAT(error_of<ShapeError>([&] {
-                linear_gated_add(ctx, x, packed, nullptr, GatedResidual<float>{wide.leftCols(64), gate, 3});
-              }),
-              HasSubstr("needs dense residual rows (row stride 64), got row stride 80"));
-  EXPECT_THAT(error_of<ShapeError>([&] {
                 linear_gated_add(ctx, x.leftCols(16), packed, nullptr, GatedResidual<float>{residual, gate, 3});
               }),
               HasSubstr("linear: x [6, 16], weight [64, 32], y [6, 64] do not fit"));
-  // A weight of no input features has no oneDNN packing: it takes the plain path,
-  // which neither gates nor writes bf16, and says so.
+  // A weight of no input features has no oneDNN packing: it takes the eigen path,
+  // which neither gates in its product nor writes bf16. A gated residual then adds in
+  // the unfused order: the product is the bias alone, gated.
   const PackedMatrix empty = PackedMatrix::pack(Matrix<float>::Zero(64, 0), WeightLayout::out_in, Precision::bf16);
-  EXPECT_FALSE(empty.bf16_operands());
+  EXPECT_EQ(empty.path(), ProductPath::eigen);
+  const std::vector<float> half(64, 0.5f);
+  Matrix<float> twos = Matrix<float>::Constant(6, 64, 2.0f);
+  linear_gated_add(ctx, Matrix<float>(6, 0), empty, half.data(),
+                   GatedResidual<float>{twos, Matrix<float>::Constant(2, 64, 3.0f), 3});
+  EXPECT_TRUE((twos.array() == 3.5f).all()) << "max " << twos.maxCoeff() << ", min " << twos.minCoeff();
+  std::vector<bf16> activated(6 * 64);
   EXPECT_THAT(error_of<InvalidArgument>([&] {
-                linear_gated_add(ctx, Matrix<float>(6, 0), empty, nullptr, GatedResidual<float>{residual, gate, 3});
+                linear_activated(ctx, Matrix<float>(6, 0), empty, nullptr, Activation::gelu_tanh, activated.data());
               }),
-              HasSubstr("a gated residual needs a weight packed for bf16 kernels"));
+              HasSubstr("a bf16 output needs a weight packed for bf16 kernels (path bf16_native); this one is bf16 on "
+                        "eigen (path eigen)"));
 }
 
 // The denoiser block's two gated residuals go through the modules' GatedResidual
@@ -535,7 +540,7 @@ TEST(Bf16Gemm, Bf16NormedRowsGiveTheBitsOfTheFloatRowsTheyRound) {
   init_parameters(attention, 3, "attn.", Precision::bf16);
   nn::GeluMLP<float> mlp(d, 4 * d);
   init_parameters(mlp, 4, "mlp.", Precision::bf16);
-  ASSERT_TRUE(attention.takes_bf16_rows() && mlp.takes_bf16_rows());
+  ASSERT_TRUE(attention.input_form() == RowForm::bf16 && mlp.input_form() == RowForm::bf16);
   Matrix<float> from_float = start, from_bf16 = start;
   attention.forward(ctx, normed, B, T, nullptr, GatedResidual<float>{from_float, gate, T});
   attention.forward(ctx, input, B, T, nullptr, GatedResidual<float>{from_bf16, gate, T});
@@ -553,7 +558,7 @@ TEST(Bf16Gemm, Bf16NormedRowsGiveTheBitsOfTheFloatRowsTheyRound) {
     attention.attn_qkv.forward(ctx, normed, qkv);
     Matrix<float> a(B * T, d), unfused = start, fused = start;
     nn::detail::attend_qkv<float>(ctx, attention.config, Precision::bf16, qkv, B, T, nullptr, a.data());
-    nn::forward_gated_add<float>(ctx, attention.attn_out, a, GatedResidual<float>{unfused, gate, T});
+    attention.attn_out.forward(ctx, a, GatedResidual<float>{unfused, gate, T});
     attention.forward(ctx, normed, B, T, nullptr, GatedResidual<float>{fused, gate, T});
     EXPECT_TRUE(fused == unfused) << "attention through bf16 rows of its own: max |difference| "
                                   << (fused - unfused).cwiseAbs().maxCoeff();
@@ -562,11 +567,12 @@ TEST(Bf16Gemm, Bf16NormedRowsGiveTheBitsOfTheFloatRowsTheyRound) {
   // bf16 rows only feed bf16 kernels.
   nn::GeluMLP<float> fp32_mlp(d, 4 * d);
   init_parameters(fp32_mlp, 4, "mlp.", Precision::fp32);
-  EXPECT_FALSE(fp32_mlp.takes_bf16_rows());
+  EXPECT_EQ(fp32_mlp.input_form(), RowForm::fp32);
   EXPECT_THAT(ldlm::test::error_of<InvalidArgument>([&] {
                 fp32_mlp.forward(ctx, input, GatedResidual<float>{from_bf16, gate, T});
               }),
-              HasSubstr("MLP [256, 64]: bf16 rows need a weight packed for bf16 kernels; this one is fp32 on"));
+              HasSubstr("PackedMatrix [256, 64]: a bf16 input needs a weight packed for bf16 kernels (path "
+                        "bf16_native); this one is fp32 on"));
 }
 
 // On bf16 kernels each MLP's first product applies the activation itself
@@ -707,7 +713,7 @@ TEST(PackedWeights, Bf16HalvesTheResidentBytesOnEveryPath) {
   const auto bf16 = PackedMatrix::pack(w, WeightLayout::out_in, Precision::bf16);
   EXPECT_GE(fp32.bytes(), std::size_t(768) * 3072 * 4);
   EXPECT_LE(bf16.bytes(), std::size_t(768) * 3072 * 2 + 4096) << bf16.kernel();
-  EXPECT_EQ(bf16.widened(), !bf16_operands_native()) << bf16.kernel();
+  EXPECT_EQ(bf16.path() == ProductPath::bf16_widened, !bf16_operands_native()) << bf16.kernel();
 }
 
 // Without bf16 kernels a bf16 weight stays in bf16 and each block of its columns is
@@ -723,7 +729,7 @@ TEST(PackedWeights, Bf16HalvesTheResidentBytesOnEveryPath) {
 // of rows read from the first chunk's rows; fails.)
 TEST(PackedWeights, WidenedBf16WeightsMultiplyAsTheRoundedFp32Product) {
   const Matrix<float> probe = Matrix<float>::Random(8, 8);
-  if (!PackedMatrix::pack(probe, WeightLayout::out_in, Precision::bf16).widened())
+  if (PackedMatrix::pack(probe, WeightLayout::out_in, Precision::bf16).path() != ProductPath::bf16_widened)
     GTEST_SKIP() << "bf16 runs on bf16 kernels here; ldlm_path_avx2 and ldlm_path_eigen take this path";
   struct Case {
     Index K, N;
@@ -737,7 +743,7 @@ TEST(PackedWeights, WidenedBf16WeightsMultiplyAsTheRoundedFp32Product) {
     round_to_bf16(w_rounded.data(), w_rounded.size(), w_rounded.data());
     const PackedMatrix widened = PackedMatrix::pack(w, c.layout, Precision::bf16);
     const PackedMatrix reference = PackedMatrix::pack(w_rounded, c.layout, Precision::fp32);
-    ASSERT_TRUE(widened.widened());
+    ASSERT_EQ(widened.path(), ProductPath::bf16_widened);
     EXPECT_EQ(widened.column_block(), PackedMatrix::kWidenedBlock);
     const Matrix<float> bias_row = Matrix<float>::Random(1, c.N);
     for (const bool with_bias : {false, true})

@@ -23,6 +23,7 @@
 #include "ldlm/model/checkpoint.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/model/model.hpp"
+#include "ldlm/ops/gemm_report.hpp"
 #include "ldlm/sampling/condition.hpp"
 #include "ldlm/sampling/pipeline.hpp"
 #include "ldlm/sampling/sampler.hpp"

@@ -55,21 +55,16 @@ class Denoiser {
       adaLN_modulation.forward(ctx, c, ada);
       // Chunks 0-5: shift, scale, gate of the attention, then of the MLP.
       auto chunk = [&](int i) { return ada.middleCols(i * d, d); };
-      // The normed rows y go to the sublayers' first products, as `input`.
-      auto sublayers = [&](auto y, auto input) {
-        norm1.forward_modulated(ctx, x, chunk(0), chunk(1), T, y);
-        attn.forward(ctx, input, B, T, &rotary, GatedResidual<S>{x, chunk(2), T});  // x += gate ⊙ attn(y)
-        norm2.forward_modulated(ctx, x, chunk(3), chunk(4), T, y);
-        mlp.forward(ctx, input, GatedResidual<S>{x, chunk(5), T});
+      // The normed rows y, in the form the sublayers' first products read (bf16 rows
+      // on bf16 kernels: the norm rounds them once, as those products would).
+      const auto y = OperandBuffer<S>::allocate(ctx.arena(), rows, d, common_form(attn.input_form(), mlp.input_form()));
+      auto norm_into_y = [&](const nn::LayerNormGain<S>& norm, int shift, int scale) {
+        y.write([&](auto out) { norm.forward_modulated(ctx, x, chunk(shift), chunk(scale), T, out); });
       };
-      if constexpr (std::is_same_v<S, float>) {
-        if (attn.takes_bf16_rows() && mlp.takes_bf16_rows()) {  // bf16 kernels: y in bf16, as they read it
-          bf16* const y = ctx.arena().allocate<bf16>(static_cast<std::size_t>(rows * d));  // [B*T, d]
-          return sublayers(y, BF16Rows{y, rows, d, d});
-        }
-      }
-      MatrixMap<S> y(ctx.arena().allocate<S>(rows * d), rows, d);  // [B*T, d]
-      sublayers(y, y);
+      norm_into_y(norm1, 0, 1);
+      attn.forward(ctx, y, B, T, &rotary, GatedResidual<S>{x, chunk(2), T});  // x += gate ⊙ attn(y)
+      norm_into_y(norm2, 3, 4);
+      mlp.forward(ctx, y, GatedResidual<S>{x, chunk(5), T});
     }
   };
 

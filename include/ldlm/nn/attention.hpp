@@ -76,29 +76,23 @@ struct FusedSelfAttention {
   }
 
   /// x, y: [B*T, d]; y must not alias x. `rotary` may be null (built on the fly).
-  /// `y` is a MatRef<S> to write, or a GatedResidual<S> to add to: then attn_out's
-  /// product adds to the residual itself on bf16 kernels.
-  /// x is float32 rows, or bf16 rows when takes_bf16_rows().
-  template <class Input, class Out>
-  void forward(Context& ctx, const Input& x, Index B, Index T, const RotaryTable<S>* rotary, Out&& y) const {
+  /// y is written, or a gated residual added to (attn_out's product adds to it
+  /// itself on bf16 kernels). Attention writes attn_out's operand in the form
+  /// attn_out reads it: bf16 rows for bf16 kernels, not float rows to round.
+  void forward(Context& ctx, const OperandRows<S>& x, Index B, Index T, const RotaryTable<S>* rotary,
+               const Destination<S>& y) const {
     Arena::Scope scope(ctx.arena());
     const Index rows = B * T, d = config.d_model;
     MatrixMap<S> qkv(ctx.arena().allocate<S>(rows * 3 * d), rows, 3 * d);  // [B*T, 3d]
     attn_qkv.forward(ctx, x, qkv);
-    if constexpr (std::is_same_v<S, float>) {
-      if (attn_qkv.precision() == Precision::bf16 && attn_out.bf16_operands()) {
-        // attn_out reads bf16 rows: attention writes them, not float rows to round.
-        bf16* const a = ctx.arena().allocate<bf16>(rows * d);  // [B*T, d]
-        detail::attend_qkv<S>(ctx, config, Precision::bf16, qkv, B, T, rotary, a);
-        return gated_add_product(ctx, BF16Rows{a, rows, d, d}, *attn_out.weight.packed(), attn_out.bias_data(),
-                                 std::forward<Out>(y));
-      }
-    }
-    MatrixMap<S> a(ctx.arena().allocate<S>(rows * d), rows, d);  // [B*T, d]
-    detail::attend_qkv<S>(ctx, config, attn_qkv.precision(), qkv, B, T, rotary, a.data());
-    forward_gated_add<S>(ctx, attn_out, a, std::forward<Out>(y));
+    const auto a = OperandBuffer<S>::allocate(ctx.arena(), rows, d,
+                                              common_form(attn_qkv.input_form(), attn_out.input_form()));  // [B*T, d]
+    a.write([&](auto out) {
+      detail::attend_qkv<S>(ctx, config, attn_qkv.precision(), qkv, B, T, rotary, dense_data(out));
+    });
+    attn_out.forward(ctx, a, y);
   }
-  bool takes_bf16_rows() const { return attn_qkv.bf16_operands(); }
+  RowForm input_form() const { return attn_qkv.input_form(); }
 };
 
 /// The token decoder's self-attention: separate bias-free q/k/v/o projections.

@@ -1,7 +1,9 @@
 // Linear layers owning named parameters: nn.Linear ([out, in]) and GPT-2's Conv1D
 // ([in, out], the transpose). Their weights are MatmulWeights: once loaded they are
-// packed for the chosen kernel and precision (ops/gemm.hpp), and the forward pass
-// runs in the precision they were packed in.
+// packed for a product path and precision (ops/packed_matrix.hpp), and the forward
+// pass runs on that path, in the precision they were packed in. A module takes its
+// input as OperandRows and its output as a Destination (ops/linear.hpp); what the
+// path reads, writes and fuses is decided in ops/.
 #pragma once
 
 #include <cstddef>
@@ -12,8 +14,8 @@
 
 #include "ldlm/core/parameter.hpp"
 #include "ldlm/core/precision.hpp"
+#include "ldlm/ops/activation.hpp"
 #include "ldlm/ops/linear.hpp"
-#include "ldlm/ops/modulate.hpp"
 
 namespace ldlm::nn {
 
@@ -49,76 +51,36 @@ class MatmulWeight : public Parameter<S> {
   Precision precision() const { return packed_ ? packed_->precision() : Precision::fp32; }
   /// Null until packed.
   const PackedMatrix* packed() const { return packed_.get(); }
-  /// Whether the products take bf16 operands (and bf16 rows): packed for bf16 kernels.
-  bool bf16_operands() const { return packed_ && packed_->bf16_operands(); }
+  /// The form of the rows its products read: bf16 rows on ProductPath::bf16_native,
+  /// else S rows (and S rows until packed).
+  RowForm input_form() const { return packed_ ? packed_->input_form() : RowForm::fp32; }
 
  private:
   WeightLayout layout_ = WeightLayout::out_in;
   std::shared_ptr<const PackedMatrix> packed_;  // shared: copies of a module share one packing
 };
 
-/// y = x Wᵀ (+ b) through the packed weight when there is one.
-template <class S, class Epilogue>
-void linear_forward(Context& ctx, ConstMatRef<S> x, const MatmulWeight<S>& w, const S* bias, MatRef<S> y,
-                    Epilogue&& epilogue) {
+/// x Wᵀ (+ b) into y: written (then `epilogue` on each block, see ldlm::linear), or
+/// added to a gated residual; through the packed weight once there is one
+/// (ldlm::linear_to decides what its path reads, writes and fuses).
+template <class S, class Epilogue = std::nullptr_t>
+void linear_forward(Context& ctx, const OperandRows<S>& x, const MatmulWeight<S>& w, const S* bias,
+                    const Destination<S>& y, Epilogue&& epilogue = nullptr) {
   if constexpr (std::is_same_v<S, float>) {
     if (const PackedMatrix* packed = w.packed())
-      return linear(ctx, x, *packed, bias, y, std::forward<Epilogue>(epilogue));
+      return linear_to(ctx, x, *packed, bias, y, std::forward<Epilogue>(epilogue));
   }
-  linear<S>(ctx, x, w.matrix(), bias, y, w.layout(), std::forward<Epilogue>(epilogue));
+  linear_to<S>(ctx, x, w.matrix(), w.layout(), bias, y, std::forward<Epilogue>(epilogue));
 }
 
-/// w's packing, which must be for bf16 kernels: bf16 rows exist only to feed them.
+/// h = activation(x Wᵀ (+ b)) into rows of h's form (ldlm::linear_activated_to).
 template <class S>
-const PackedMatrix& packed_for_bf16_rows(const MatmulWeight<S>& w, const char* module) {
-  if (!w.bf16_operands())
-    throw InvalidArgument(std::string(module) + " " + shape_string(w.shape()) +
-                          ": bf16 rows need a weight packed for bf16 kernels; this one is " +
-                          std::string(precision_name(w.precision())) +
-                          (w.packed() ? " on " + w.packed()->kernel() : std::string(" and not packed")));
-  return *w.packed();
-}
-
-/// out.residual += gate ⊙ (x · W (+ b)) on float or bf16 rows x, with a weight packed
-/// for bf16 kernels: in one pass where the residual is dense (linear_gated_add).
-template <class Rows>
-void gated_add_product(Context& ctx, const Rows& x, const PackedMatrix& w, const float* bias,
-                       const GatedResidual<float>& out) {
-  if (out.residual.outerStride() == out.residual.cols()) return linear_gated_add(ctx, x, w, bias, out);
-  Arena::Scope scope(ctx.arena());
-  const Index rows = [&] {
-    if constexpr (std::is_same_v<Rows, BF16Rows>)
-      return x.rows;
-    else
-      return x.rows();
-  }();
-  MatrixMap<float> y(ctx.arena().allocate<float>(rows * w.out_features()), rows, w.out_features());
-  linear(ctx, x, w, bias, y);
-  gated_residual_add<float>(ctx, out.residual, out.gate, y, out.T);
-}
-/// y = x · W (+ b) on bf16 rows x (the overload the MLPs and FusedSelfAttention pick
-/// for a plain output; float rows with a plain output take map.forward instead).
-inline void gated_add_product(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, MatRef<float> y) {
-  linear(ctx, x, w, bias, y);
-}
-
-/// out.residual += gate ⊙ map(x) for a Linear or Conv1D map: in one pass on bf16
-/// kernels; otherwise the product into the arena, then gated_residual_add, which
-/// is the unfused block's arithmetic (fp32 results do not change).
-template <class S, class Map>
-void forward_gated_add(Context& ctx, const Map& map, ConstMatRef<S> x, const GatedResidual<S>& out) {
+void linear_forward_activated(Context& ctx, const OperandRows<S>& x, const MatmulWeight<S>& w, const S* bias,
+                              Activation activation, const OperandBuffer<S>& h) {
   if constexpr (std::is_same_v<S, float>) {
-    if (map.weight.bf16_operands()) return gated_add_product(ctx, x, *map.weight.packed(), map.bias_data(), out);
+    if (const PackedMatrix* packed = w.packed()) return linear_activated_to(ctx, x, *packed, bias, activation, h);
   }
-  Arena::Scope scope(ctx.arena());
-  MatrixMap<S> y(ctx.arena().allocate<S>(x.rows() * map.out_features()), x.rows(), map.out_features());
-  map.forward(ctx, x, y);
-  gated_residual_add<S>(ctx, out.residual, out.gate, y, out.T);
-}
-/// map(x) into y (the overload modules pick for a plain output).
-template <class S, class Map>
-void forward_gated_add(Context& ctx, const Map& map, ConstMatRef<S> x, MatRef<S> y) {
-  map.forward(ctx, x, y);
+  linear_activated_to<S>(ctx, x, w.matrix(), w.layout(), bias, activation, h);
 }
 
 template <class S = float>
@@ -144,16 +106,18 @@ struct Linear {
     if (has_bias) f(prefix + "bias", bias);
   }
 
-  /// y[M, out] = x[M, in] Wᵀ (+ b), then epilogue (see ldlm::linear). y must not alias x.
+  /// y[M, out] = x[M, in] Wᵀ (+ b), written (then epilogue, see ldlm::linear) or added
+  /// to a gated residual. y must not alias x.
   template <class Epilogue = std::nullptr_t>
-  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
+  void forward(Context& ctx, const OperandRows<S>& x, const Destination<S>& y, Epilogue&& epilogue = nullptr) const {
     linear_forward<S>(ctx, x, weight, bias_data(), y, std::forward<Epilogue>(epilogue));
   }
-  /// The same on bf16 rows x, for a weight packed for bf16 kernels (bf16_operands()).
-  void forward(Context& ctx, BF16Rows x, MatRef<S> y) const {
-    linear(ctx, x, packed_for_bf16_rows(weight, "Linear"), bias_data(), y);
+  /// h = activation(x Wᵀ (+ b)), in h's form.
+  void forward_activated(Context& ctx, const OperandRows<S>& x, Activation activation,
+                         const OperandBuffer<S>& h) const {
+    linear_forward_activated<S>(ctx, x, weight, bias_data(), activation, h);
   }
-  bool bf16_operands() const { return weight.bf16_operands(); }
+  RowForm input_form() const { return weight.input_form(); }
 };
 
 /// Hugging Face GPT-2 Conv1D: weight stored [in, out], y = x W + b.
@@ -177,10 +141,14 @@ struct Conv1D {
   }
 
   template <class Epilogue = std::nullptr_t>
-  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y, Epilogue&& epilogue = nullptr) const {
+  void forward(Context& ctx, const OperandRows<S>& x, const Destination<S>& y, Epilogue&& epilogue = nullptr) const {
     linear_forward<S>(ctx, x, weight, bias_data(), y, std::forward<Epilogue>(epilogue));
   }
-  bool bf16_operands() const { return weight.bf16_operands(); }
+  void forward_activated(Context& ctx, const OperandRows<S>& x, Activation activation,
+                         const OperandBuffer<S>& h) const {
+    linear_forward_activated<S>(ctx, x, weight, bias_data(), activation, h);
+  }
+  RowForm input_form() const { return weight.input_form(); }
 };
 
 }  // namespace ldlm::nn

@@ -1,5 +1,5 @@
-// Feed-forward blocks. Each writes y (the residual add is the caller's); hidden
-// activations live in the context's arena.
+// Feed-forward blocks. Each writes y, or (the denoiser's GeluMLP) adds to a gated
+// residual; hidden activations live in the context's arena.
 #pragma once
 
 #include <string>
@@ -12,36 +12,20 @@
 namespace ldlm::nn {
 
 namespace detail {
-/// up_activate_down on bf16 kernels, on `rows` float32 or bf16 rows x.
-template <class Input, class Up, class Down, class Out>
-void up_activate_down_bf16(Context& ctx, const Input& x, Index rows, const Up& up, Activation activation,
-                           const Down& down, const Out& y) {
-  Arena::Scope scope(ctx.arena());
-  const PackedMatrix& up_packed = packed_for_bf16_rows(up.weight, "MLP");
-  const PackedMatrix& down_packed = packed_for_bf16_rows(down.weight, "MLP");
-  const Index hidden = up_packed.out_features();
-  bf16* h = ctx.arena().allocate<bf16>(static_cast<std::size_t>(rows * hidden));  // [rows, h]
-  linear_activated(ctx, x, up_packed, up.bias_data(), activation, h);
-  gated_add_product(ctx, BF16Rows{h, rows, hidden, hidden}, down_packed, down.bias_data(), y);
-}
-
 /// y = down(activation(up(x))) for Linear or Conv1D maps, the hidden activations in
-/// the context's arena. On bf16 kernels up's product applies the activation and
-/// writes down's bf16 operand itself: one pass over the hidden rows where the
-/// unfused order makes three (write, activate, round for the next product). Either
-/// way the activation is computed in fp32 and rounded to bf16 once.
-/// `y` is a MatRef<S> the result is written to, or a GatedResidual<S> it is added to.
-template <class S, class Up, class Down, class Out>
-void up_activate_down(Context& ctx, ConstMatRef<S> x, const Up& up, Activation activation, const Down& down,
-                      const Out& y) {
-  if constexpr (std::is_same_v<S, float>)
-    if (up.bf16_operands() && down.bf16_operands())
-      return up_activate_down_bf16(ctx, x, x.rows(), up, activation, down, y);
+/// the context's arena, in the form down reads them when up can write it: on bf16
+/// kernels up's product applies the activation and writes down's bf16 operand
+/// itself, one pass over the hidden rows where the unfused order makes three (write,
+/// activate, round for the next product). Either way the activation is computed in
+/// fp32 and rounded to bf16 once. y is written, or a gated residual added to.
+template <class S, class Up, class Down>
+void up_activate_down(Context& ctx, const OperandRows<S>& x, const Up& up, Activation activation, const Down& down,
+                      const Destination<S>& y) {
   Arena::Scope scope(ctx.arena());
-  const Index rows = x.rows(), hidden = up.out_features();
-  MatrixMap<S> h(ctx.arena().allocate<S>(rows * hidden), rows, hidden);  // [rows, h]
-  up.forward(ctx, x, h, per_row_epilogue<S>(activation_inplace<S>(activation)));
-  forward_gated_add<S>(ctx, down, h, y);
+  const auto h = OperandBuffer<S>::allocate(ctx.arena(), x.rows(), up.out_features(),
+                                            common_form(up.input_form(), down.input_form()));  // [rows, h]
+  up.forward_activated(ctx, x, activation, h);
+  down.forward(ctx, h, y);
 }
 }  // namespace detail
 
@@ -114,20 +98,12 @@ struct GeluMLP {
     fc2.visit(prefix + "2.", f);
   }
 
-  /// y must not alias x.
-  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
+  /// y = mlp(x), or y.residual += gate ⊙ mlp(x), fused into fc2's product on bf16
+  /// kernels. y must not alias x.
+  void forward(Context& ctx, const OperandRows<S>& x, const Destination<S>& y) const {
     detail::up_activate_down<S>(ctx, x, fc1, Activation::gelu_tanh, fc2, y);
   }
-  /// out.residual += gate ⊙ mlp(x), fused into fc2's product on bf16 kernels. x must
-  /// not alias the residual.
-  void forward(Context& ctx, ConstMatRef<S> x, const GatedResidual<S>& out) const {
-    detail::up_activate_down<S>(ctx, x, fc1, Activation::gelu_tanh, fc2, out);
-  }
-  /// The same on bf16 rows x, when takes_bf16_rows().
-  void forward(Context& ctx, BF16Rows x, const GatedResidual<S>& out) const {
-    detail::up_activate_down_bf16(ctx, x, x.rows, fc1, Activation::gelu_tanh, fc2, out);
-  }
-  bool takes_bf16_rows() const { return fc1.bf16_operands() && fc2.bf16_operands(); }
+  RowForm input_form() const { return fc1.input_form(); }
 };
 
 /// GPT-2 MLP: Conv1D c_fc → GELU(tanh) → Conv1D c_proj.
@@ -145,7 +121,7 @@ struct GPT2MLP {
   }
 
   /// y must not alias x.
-  void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
+  void forward(Context& ctx, const OperandRows<S>& x, const Destination<S>& y) const {
     detail::up_activate_down<S>(ctx, x, c_fc, Activation::gelu_tanh, c_proj, y);
   }
 };

@@ -62,8 +62,8 @@ void silu_inplace(S* x, Index n) {
   detail::apply_elementwise(x, n, [](const auto& a) { return a / (S(1) + (-a).exp()); });
 }
 
-/// The activations a product can apply as it writes its output (PackedMatrix::
-/// multiply_activated): those of the MLPs between two linear maps.
+/// The activations a product can apply as it writes its output
+/// (ProductOutput::activated): those of the MLPs between two linear maps.
 enum class Activation { none, gelu_tanh, gelu_erf };
 
 /// The in-place function of an activation other than none.

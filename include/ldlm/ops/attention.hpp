@@ -39,6 +39,23 @@ struct AttentionShape {
   Index head_dim = 1;
 };
 
+/// How attention's products run, decided in one place (attention_path):
+enum class AttentionPath {
+  fp32,          // fp32 (or double) operands, the tile loop
+  bf16_rounded,  // bf16-rounded fp32 operands on fp32 kernels (no bf16 instructions)
+  bf16_native,   // bf16 operands on oneDNN's bf16 kernels, the tile loop
+  bf16_amx,      // bf16 on ldlm's own AMX kernel (ops/attention_amx.hpp)
+};
+
+/// The path of attention in `precision` with heads of head_dim in this process.
+inline AttentionPath attention_path(Precision precision, [[maybe_unused]] Index head_dim) {
+  if (precision == Precision::fp32) return AttentionPath::fp32;
+#if defined(LDLM_HAVE_AMX)
+  if (bf16_attention_amx() && detail::amx::supports_head_dim(head_dim)) return AttentionPath::bf16_amx;
+#endif
+  return bf16_operands_native() ? AttentionPath::bf16_native : AttentionPath::bf16_rounded;
+}
+
 struct AttentionOptions {
   double softcap = 0.0;                   // c · tanh(s / c) after the 1/sqrt(hd) scale; 0 disables it
   bool causal = false;                    // query i sees keys j <= i (requires Tq == Tk)
@@ -196,11 +213,6 @@ inline bool attention_has_work(const AttentionShape& shape, const AttentionOptio
 }
 
 #if defined(LDLM_HAVE_AMX)
-/// Whether bf16 attention of this shape runs on ldlm's AMX kernel.
-inline bool runs_on_amx(const AttentionShape& shape) {
-  return bf16_attention_amx() && amx::supports_head_dim(shape.head_dim);
-}
-
 /// bf16 attention on ldlm's AMX kernel (ops/attention_amx.hpp): one task per 32
 /// queries of one head. The same semantics as attention_tiles in bf16 (bf16 operands,
 /// fp32 scores scaled and capped, each softmax row normalised and rounded to bf16
@@ -253,7 +265,8 @@ void attention_amx(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<
     const Index visible_keys = options.causal ? i0 + rows : Tk;  // causal blocks stop at their last query
     const Index keys_used = amx::padded_rows(visible_keys);
     // Rows one cache line longer than a power of two: a tile's 16 rows would
-    // otherwise fall into one L1 set (QKᵀ took 1.6x as long at Tk = 1024).
+    // otherwise fall into one L1 set (bench/results/README.md, "Score rows one cache
+    // line past a power of two").
     const Index score_ld = keys_used + 16, probability_ld = keys_used + 32;
     Arena& scratch = ctx.worker_arena(worker);
     Arena::Scope task_scope(scratch);
@@ -306,18 +319,23 @@ template <class S>
 void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out, Index out_stride,
                const AttentionShape& shape, const AttentionOptions& options) {
   if (!detail::attention_has_work(shape, options)) return;
-  if (options.precision == Precision::fp32)
+  const AttentionPath path = attention_path(options.precision, shape.head_dim);
+  if (path == AttentionPath::fp32)
     return detail::attention_tiles<S, S>(
         ctx, detail::head_blocks(q, shape.q_len, shape.head_dim), detail::head_blocks(k, shape.kv_len, shape.head_dim),
         detail::head_blocks(v, shape.kv_len, shape.head_dim), out, out_stride, shape, options, false);
   if constexpr (std::is_same_v<S, float>) {
+    switch (path) {
+      case AttentionPath::bf16_amx:
 #if defined(LDLM_HAVE_AMX)
-    if (detail::runs_on_amx(shape)) return detail::attention_amx(ctx, q, k, v, out, out_stride, shape, options);
+        return detail::attention_amx(ctx, q, k, v, out, out_stride, shape, options);
 #endif
-    if (bf16_operands_native())
-      detail::attention_bf16<bf16>(ctx, q, k, v, out, out_stride, shape, options);
-    else
-      detail::attention_bf16<float>(ctx, q, k, v, out, out_stride, shape, options);
+      case AttentionPath::bf16_native:
+        return detail::attention_bf16<bf16>(ctx, q, k, v, out, out_stride, shape, options);
+      case AttentionPath::bf16_rounded:
+      case AttentionPath::fp32:
+        return detail::attention_bf16<float>(ctx, q, k, v, out, out_stride, shape, options);
+    }
   } else {
     throw InvalidArgument("attention: bf16 precision needs float tensors, these are double");
   }
@@ -326,7 +344,7 @@ void attention(Context& ctx, HeadRows<S> q, HeadRows<S> k, HeadRows<S> v, S* out
 /// attention() in bf16 precision with its output rounded to bf16, for a bf16 product
 /// that reads it: the values attention() writes, each rounded once. The AMX kernel
 /// rounds each block's rows as it copies them out of its L1 scratch, so float rows
-/// never reach memory; other kernels write float rows to the arena, then round them.
+/// never reach memory; other paths write float rows to the arena, then round them.
 /// out must not alias q, k or v.
 inline void attention(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRows<float> v, bf16* out,
                       Index out_stride, const AttentionShape& shape, const AttentionOptions& options) {
@@ -335,7 +353,8 @@ inline void attention(Context& ctx, HeadRows<float> q, HeadRows<float> k, HeadRo
                           std::string(precision_name(options.precision)));
   if (!detail::attention_has_work(shape, options)) return;
 #if defined(LDLM_HAVE_AMX)
-  if (detail::runs_on_amx(shape)) return detail::attention_amx(ctx, q, k, v, out, out_stride, shape, options);
+  if (attention_path(options.precision, shape.head_dim) == AttentionPath::bf16_amx)
+    return detail::attention_amx(ctx, q, k, v, out, out_stride, shape, options);
 #endif
   Arena::Scope scope(ctx.arena());
   const Index rows = shape.batch * shape.q_len, width = shape.heads * shape.head_dim;

@@ -2,8 +2,8 @@
 // is in ops/attention.hpp). A task takes 32 queries of one head and keeps its
 // scores, probabilities and output in L2: tiles of QKᵀ, then the softmax rows, then
 // tiles of P·V, with no library call per tile. oneDNN's fixed-shape primitives ran
-// each product of a 256-query tile in one call, at 36-98 µs a call, and the softmax
-// between them read the scores back from memory (bench/results/README.md).
+// each product of a 256-query tile in one call, and the softmax between them read
+// the scores back from memory (timings in bench/results/README.md).
 //
 // AMX multiplies a 16 × 32 bf16 tile by a 32 × 16 one into 16 × 16 fp32; the right
 // operand is stored in pairs along the depth ("VNNI" order): row r of the tile holds,

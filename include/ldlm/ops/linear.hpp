@@ -1,18 +1,31 @@
 // Linear maps over all B*T rows at once. Every activation is a row-major
 // [rows, features] matrix; a weight is either nn.Linear's [out, in] or GPT-2's
-// Conv1D [in, out], plain or packed (ops/gemm.hpp). Work is split over the
+// Conv1D [in, out], plain or packed (ops/packed_matrix.hpp). Work is split over the
 // context's threads by rows (plain weights with few rows: by output features);
 // each product runs on one thread. Products of few rows are split by output columns
 // instead: plain weights always, packed ones where their layout allows it (bf16).
+//
+// A packed weight's ProductPath decides what its products read and write; the
+// functions here take rows in any form its path reads (OperandRows) and send the
+// result where it goes (Destination), fusing what the path can fuse and doing the
+// rest in separate passes of the same arithmetic.
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "ldlm/core/context.hpp"
+#include "ldlm/core/error.hpp"
+#include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
+#include "ldlm/ops/activation.hpp"
 #include "ldlm/ops/gemm.hpp"
+#include "ldlm/ops/modulate.hpp"
+#include "ldlm/ops/packed_matrix.hpp"
 
 namespace ldlm {
 
@@ -55,11 +68,142 @@ void linear(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> w, const S* bias, Mat
   });
 }
 
+/// Where a product's result goes in a gated residual block: residual[r] +=
+/// gate[r / T] ⊙ result[r], for rows r = (b, t) of B sequences of T. residual is
+/// [B*T, N] and gate [B, N].
+template <class S>
+struct GatedResidual {
+  MatRef<S> residual;
+  ConstMatRef<S> gate;
+  Index T;
+};
+
+/// Rows that feed products, in the form they read (RowForm): S rows with any row
+/// stride, or bf16 rows, which only bf16_native products read. A matrix converts to
+/// it implicitly, and so do BF16Rows.
+template <class S>
+class OperandRows {
+ public:
+  template <class M>
+  requires std::convertible_to<const M&, ConstMatRef<S>> OperandRows(
+      const M& m) {  // NOLINT(google-explicit-constructor): a matrix is rows in the S form
+    const ConstMatRef<S> r(m);
+    data_ = r.data(), rows_ = r.rows(), cols_ = r.cols(), stride_ = r.outerStride();
+  }
+  OperandRows(BF16Rows x)  // NOLINT(google-explicit-constructor)
+      requires std::same_as<S, float>
+      : data_(x.data), rows_(x.rows), cols_(x.cols), stride_(x.stride), form_(RowForm::bf16) {}
+  OperandRows(const void* data, Index rows, Index cols, Index stride, RowForm form)
+      : data_(data), rows_(rows), cols_(cols), stride_(stride), form_(form) {}
+
+  RowForm form() const { return form_; }
+  Index rows() const { return rows_; }
+  Index cols() const { return cols_; }
+  /// The S rows, for RowForm::fp32.
+  ConstStridedMap<S> values() const {
+    return ConstStridedMap<S>(static_cast<const S*>(data_), rows_, cols_, Eigen::OuterStride<>(stride_));
+  }
+  /// The bf16 rows, for RowForm::bf16.
+  BF16Rows bf16_rows() const { return {static_cast<const bf16*>(data_), rows_, cols_, stride_}; }
+
+ private:
+  const void* data_ = nullptr;
+  Index rows_ = 0, cols_ = 0, stride_ = 0;
+  RowForm form_ = RowForm::fp32;
+};
+
+/// f(x.values()) or, for bf16 rows, f(x.bf16_rows()): the one place that looks at a form.
+template <class S, class F>
+decltype(auto) with_rows(const OperandRows<S>& x, F&& f) {
+  if constexpr (std::is_same_v<S, float>)
+    if (x.form() == RowForm::bf16) return f(x.bf16_rows());
+  return f(x.values());
+}
+
+/// Dense rows to write products' operands into, in the form those products read,
+/// from an arena (uninitialised). A double model's rows are always S.
+template <class S>
+class OperandBuffer {
+ public:
+  static OperandBuffer allocate(Arena& arena, Index rows, Index cols, RowForm form) {
+    if (!std::is_same_v<S, float> && form == RowForm::bf16)
+      throw InvalidArgument("OperandBuffer: bf16 rows need a float model, this one computes in double");
+    OperandBuffer b;
+    const auto n = static_cast<std::size_t>(rows * cols);
+    b.data_ = form == RowForm::bf16 ? static_cast<void*>(arena.allocate<bf16>(n)) : arena.allocate<S>(n);
+    b.rows_ = rows, b.cols_ = cols, b.form_ = form;
+    return b;
+  }
+  RowForm form() const { return form_; }
+  Index rows() const { return rows_; }
+  Index cols() const { return cols_; }
+  /// f(MatrixMap<S>) or, for bf16 rows, f(bf16* dense rows): where to write them.
+  template <class F>
+  decltype(auto) write(F&& f) const {
+    if constexpr (std::is_same_v<S, float>)
+      if (form_ == RowForm::bf16) return f(static_cast<bf16*>(data_));
+    return f(MatrixMap<S>(static_cast<S*>(data_), rows_, cols_));
+  }
+  operator OperandRows<S>() const {  // NOLINT(google-explicit-constructor): what was written is read
+    return OperandRows<S>(data_, rows_, cols_, cols_, form_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  Index rows_ = 0, cols_ = 0;
+  RowForm form_ = RowForm::fp32;
+};
+
+/// The first element of the dense rows OperandBuffer::write hands out.
+inline bf16* dense_data(bf16* rows) { return rows; }
+template <class S>
+S* dense_data(MatrixMap<S> rows) {
+  return rows.data();
+}
+
+/// Where a module's result rows go: written to y, or added to a gated residual.
+/// Any matrix converts to it implicitly, and so does a GatedResidual.
+template <class S>
+class Destination {
+ public:
+  template <class M>
+  requires std::convertible_to<M&&, MatRef<S>> Destination(
+      M&& y) {  // NOLINT(google-explicit-constructor): a matrix is written
+    MatRef<S> r(std::forward<M>(y));
+    data_ = r.data(), rows_ = r.rows(), cols_ = r.cols(), stride_ = r.outerStride();
+  }
+  Destination(const GatedResidual<S>& out)  // NOLINT(google-explicit-constructor)
+      : Destination(out.residual) {
+    gate_ = out.gate.data(), gate_rows_ = out.gate.rows(), gate_cols_ = out.gate.cols();
+    gate_stride_ = out.gate.outerStride(), T_ = out.T;
+  }
+
+  Index rows() const { return rows_; }
+  Index cols() const { return cols_; }
+  /// The rows written, or the residual added to.
+  StridedMap<S> rows_map() const { return StridedMap<S>(data_, rows_, cols_, Eigen::OuterStride<>(stride_)); }
+  /// f(MatRef<S> y) or, when gated, f(GatedResidual<S>).
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    if (gate_) {
+      const ConstStridedMap<S> gate(gate_, gate_rows_, gate_cols_, Eigen::OuterStride<>(gate_stride_));
+      return f(GatedResidual<S>{rows_map(), gate, T_});
+    }
+    return f(MatRef<S>(rows_map()));
+  }
+
+ private:
+  S* data_ = nullptr;
+  Index rows_ = 0, cols_ = 0, stride_ = 0;
+  const S* gate_ = nullptr;
+  Index gate_rows_ = 0, gate_cols_ = 0, gate_stride_ = 0, T_ = 0;
+};
+
 namespace detail {
 /// Runs product(r0, rows, scratch) over blocks of x's M rows, one per thread, in
 /// blocks of at least 16 (packed kernels keep their speed down to that many rows;
-/// below, bf16 loses it at 8 rows and fp32 at 4: bench/results/README.md). scratch
-/// holds w.scratch_bytes of the largest block.
+/// below it they lose it: bench/results/README.md). scratch holds w.scratch_bytes
+/// of the largest block.
 template <class Product>
 void split_packed_rows(Context& ctx, Index M, const PackedMatrix& w, Product&& product) {
   if (M == 0) return;
@@ -79,53 +223,61 @@ inline void check_packed_shapes(Index x_rows, Index x_cols, const PackedMatrix& 
     throw ShapeError("linear: x " + shape_string(Shape{x_rows, x_cols}) + ", weight " + shape_string(w.weight_shape()) +
                      ", y " + shape_string(Shape{y_rows, y_cols}) + " do not fit");
 }
+
+/// Row r0 of float rows or of bf16 rows, their row stride and their count.
+inline const float* row_data(ConstMatRef<float> x, Index r0) { return x.row(r0).data(); }
+inline const bf16* row_data(BF16Rows x, Index r0) { return x.data + r0 * x.stride; }
+inline Index row_stride(ConstMatRef<float> x) { return x.outerStride(); }
+inline Index row_stride(BF16Rows x) { return x.stride; }
+inline Index row_count(ConstMatRef<float> x) { return x.rows(); }
+inline Index row_count(BF16Rows x) { return x.rows; }
+inline Index col_count(ConstMatRef<float> x) { return x.cols(); }
+inline Index col_count(BF16Rows x) { return x.cols; }
 }  // namespace detail
 
-/// y[M, N] = x[M, K] · W (+ bias[N]) with a packed weight, then `epilogue` on each
-/// finished block of y, as above: of rows, or of columns when the rows are too few
-/// for the threads. y must not alias x.
-template <class Epilogue = std::nullptr_t>
-void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
-            Epilogue&& epilogue = nullptr) {
-  detail::check_packed_shapes(x.rows(), x.cols(), w, y.rows(), y.cols());
+namespace detail {
+template <class Rows, class Epilogue>
+void linear_rows(Context& ctx, const Rows& x, const PackedMatrix& w, const float* bias, MatRef<float> y,
+                 Epilogue&& epilogue) {
+  const Index M = detail::row_count(x), N = w.out_features(), block = w.column_block();
+  detail::check_packed_shapes(M, detail::col_count(x), w, y.rows(), y.cols());
+  const ProductOutput out = ProductOutput::rows(y.data(), y.outerStride());
   // Too few rows for every thread (adaLN's one row per sequence): blocks of columns.
-  const Index M = x.rows(), N = w.out_features(), block = w.column_block();
   if (M > 0 && M / 16 < ctx.threads() && ctx.threads() > 1 && block > 0 && N >= 2 * block) {
     const Index blocks = (N + block - 1) / block, parts = std::min<Index>(ctx.threads(), blocks);
     ctx.pool().parallel_for(parts, [&](Index part, int worker) {
       const Index n0 = part * blocks / parts * block, n1 = std::min(N, (part + 1) * blocks / parts * block);
       Arena& arena = ctx.worker_arena(worker);
       Arena::Scope scope(arena);
-      w.multiply_columns(x.data(), x.outerStride(), M, bias, n0, n1 - n0, y.data(), y.outerStride(),
-                         arena.allocate<std::byte>(w.scratch_bytes(M)));
+      w.multiply(detail::row_data(x, 0), detail::row_stride(x), M, bias, out.block(n0, n1 - n0),
+                 arena.allocate<std::byte>(w.scratch_bytes(M)));
       if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(y.middleCols(n0, n1 - n0));
     });
     return;
   }
-  detail::split_packed_rows(ctx, x.rows(), w, [&](Index r0, Index rows, std::byte* scratch) {
-    w.multiply(x.row(r0).data(), x.outerStride(), rows, bias, y.row(r0).data(), y.outerStride(), scratch);
+  detail::split_packed_rows(ctx, M, w, [&](Index r0, Index rows, std::byte* scratch) {
+    w.multiply(detail::row_data(x, r0), detail::row_stride(x), rows, bias,
+               ProductOutput::rows(y.row(r0).data(), y.outerStride()), scratch);
     if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(y.middleRows(r0, rows));
   });
 }
 
-/// y[M, N] = x[M, K] · W (+ bias[N]) on bf16 rows x (from linear_activated), with a
-/// weight packed for bf16 kernels.
-inline void linear(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, MatRef<float> y) {
-  detail::check_packed_shapes(x.rows, x.cols, w, y.rows(), y.cols());
-  detail::split_packed_rows(ctx, x.rows, w, [&](Index r0, Index rows, std::byte* scratch) {
-    w.multiply(x.data + r0 * x.stride, x.stride, rows, bias, y.row(r0).data(), y.outerStride(), scratch);
-  });
-}
+}  // namespace detail
 
-/// Where a product's result goes in a gated residual block: residual[r] +=
-/// gate[r / T] ⊙ result[r], for rows r = (b, t) of B sequences of T. residual is
-/// [B*T, N] and gate [B, N].
-template <class S>
-struct GatedResidual {
-  MatRef<S> residual;
-  ConstMatRef<S> gate;
-  Index T;
-};
+/// y[M, N] = x[M, K] · W (+ bias[N]) with a packed weight, then `epilogue` on each
+/// finished block of y, as above: of rows, or of columns when the rows are too few
+/// for the threads. x is float rows, or bf16 rows for a bf16_native weight. y must
+/// not alias x.
+template <class Epilogue = std::nullptr_t>
+void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
+            Epilogue&& epilogue = nullptr) {
+  detail::linear_rows(ctx, x, w, bias, y, std::forward<Epilogue>(epilogue));
+}
+template <class Epilogue = std::nullptr_t>
+void linear(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, MatRef<float> y,
+            Epilogue&& epilogue = nullptr) {
+  detail::linear_rows(ctx, x, w, bias, y, std::forward<Epilogue>(epilogue));
+}
 
 namespace detail {
 inline void check_gated_residual(Index x_rows, Index x_cols, const PackedMatrix& w, const GatedResidual<float>& out) {
@@ -137,10 +289,6 @@ inline void check_gated_residual(Index x_rows, Index x_cols, const PackedMatrix&
     throw ShapeError("linear: a gated residual of " + shape_string(Shape{x_rows, w.out_features()}) + " with T = " +
                      std::to_string(out.T) + " needs a gate " + shape_string(Shape{x_rows / out.T, w.out_features()}) +
                      ", got " + shape_string(Shape{out.gate.rows(), out.gate.cols()}));
-  if (out.residual.outerStride() != out.residual.cols())
-    throw ShapeError("linear: a gated residual needs dense residual rows (row stride " +
-                     std::to_string(out.residual.cols()) + "), got row stride " +
-                     std::to_string(out.residual.outerStride()));
 }
 
 /// product(r0, rows, gate_row, scratch) over the rows of split_packed_rows, cut
@@ -157,41 +305,140 @@ void split_gated_rows(Context& ctx, const GatedResidual<float>& out, const Packe
 }
 }  // namespace detail
 
-/// out.residual += gate ⊙ (x · W (+ bias)) with a weight packed for bf16 kernels,
-/// in one pass over the residual (PackedMatrix::multiply_gated_add). x must not
-/// alias the residual.
-inline void linear_gated_add(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias,
-                             GatedResidual<float> out) {
-  detail::check_gated_residual(x.rows(), x.cols(), w, out);
-  detail::split_gated_rows(ctx, out, w, [&](Index r0, Index rows, const float* gate, std::byte* scratch) {
-    w.multiply_gated_add(x.row(r0).data(), x.outerStride(), rows, bias, gate, out.residual.row(r0).data(), scratch);
-  });
+/// out.residual += gate ⊙ (x · W (+ bias)), which `product(y)` writes: the unfused
+/// order, the product into the arena and then gated_residual_add.
+template <class S, class Product>
+void gated_add_unfused(Context& ctx, Index rows, Index cols, const GatedResidual<S>& out, Product&& product) {
+  Arena::Scope scope(ctx.arena());
+  MatrixMap<S> y(ctx.arena().allocate<S>(rows * cols), rows, cols);
+  product(MatRef<S>(y));
+  gated_residual_add<S>(ctx, out.residual, out.gate, y, out.T);
 }
 
-/// The same on bf16 rows x (from linear_activated).
-inline void linear_gated_add(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias,
-                             GatedResidual<float> out) {
-  detail::check_gated_residual(x.rows, x.cols, w, out);
+/// out.residual += gate ⊙ (x · W (+ bias)). A bf16_native weight adds in its product,
+/// in one pass over a dense residual (ProductOutput::gated_add); every other case
+/// takes the unfused order. x must not alias the residual.
+namespace detail {
+template <class Rows>
+void gated_add_rows(Context& ctx, const Rows& x, const PackedMatrix& w, const float* bias,
+                    const GatedResidual<float>& out) {
+  detail::check_gated_residual(detail::row_count(x), detail::col_count(x), w, out);
+  if (w.path() != ProductPath::bf16_native || out.residual.outerStride() != out.residual.cols())
+    return gated_add_unfused<float>(ctx, detail::row_count(x), w.out_features(), out,
+                                    [&](MatRef<float> y) { linear_rows(ctx, x, w, bias, y, nullptr); });
+  MatRef<float> residual = out.residual;
   detail::split_gated_rows(ctx, out, w, [&](Index r0, Index rows, const float* gate, std::byte* scratch) {
-    w.multiply_gated_add(x.data + r0 * x.stride, x.stride, rows, bias, gate, out.residual.row(r0).data(), scratch);
+    w.multiply(detail::row_data(x, r0), detail::row_stride(x), rows, bias,
+               ProductOutput::gated_add(residual.row(r0).data(), residual.outerStride(), gate), scratch);
   });
+}
+}  // namespace detail
+
+inline void linear_gated_add(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias,
+                             const GatedResidual<float>& out) {
+  detail::gated_add_rows(ctx, x, w, bias, out);
+}
+/// The same on bf16 rows x.
+inline void linear_gated_add(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias,
+                             const GatedResidual<float>& out) {
+  detail::gated_add_rows(ctx, x, w, bias, out);
 }
 
 /// y[M, N] = activation(x[M, K] · W (+ bias[N])) as dense bf16 rows: the operand of
-/// the next product, written by this one (PackedMatrix::multiply_activated).
+/// the next product, written by this one on a bf16_native weight.
+namespace detail {
+template <class Rows>
+void activated_rows(Context& ctx, const Rows& x, const PackedMatrix& w, const float* bias, Activation activation,
+                    bf16* y) {
+  const Index M = detail::row_count(x), N = w.out_features();
+  detail::check_packed_shapes(M, detail::col_count(x), w, M, N);
+  detail::split_packed_rows(ctx, M, w, [&](Index r0, Index rows, std::byte* scratch) {
+    w.multiply(detail::row_data(x, r0), detail::row_stride(x), rows, bias,
+               ProductOutput::activated(y + r0 * N, N, activation), scratch);
+  });
+}
+}  // namespace detail
+
 inline void linear_activated(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias,
                              Activation activation, bf16* y) {
-  detail::check_packed_shapes(x.rows(), x.cols(), w, x.rows(), w.out_features());
-  detail::split_packed_rows(ctx, x.rows(), w, [&](Index r0, Index rows, std::byte* scratch) {
-    w.multiply_activated(x.row(r0).data(), x.outerStride(), rows, bias, activation, y + r0 * w.out_features(), scratch);
-  });
+  detail::activated_rows(ctx, x, w, bias, activation, y);
 }
 /// The same on bf16 rows x.
 inline void linear_activated(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, Activation activation,
                              bf16* y) {
-  detail::check_packed_shapes(x.rows, x.cols, w, x.rows, w.out_features());
-  detail::split_packed_rows(ctx, x.rows, w, [&](Index r0, Index rows, std::byte* scratch) {
-    w.multiply_activated(x.data + r0 * x.stride, x.stride, rows, bias, activation, y + r0 * w.out_features(), scratch);
+  detail::activated_rows(ctx, x, w, bias, activation, y);
+}
+
+/// The product of rows x in any form with a packed weight into `y`: written (then
+/// `epilogue` on each block), or added to a gated residual.
+template <class Epilogue = std::nullptr_t>
+void linear_to(Context& ctx, const OperandRows<float>& x, const PackedMatrix& w, const float* bias,
+               const Destination<float>& y, Epilogue&& epilogue = nullptr) {
+  with_rows(x, [&](const auto& rows) {
+    using Rows =
+        std::conditional_t<std::is_same_v<std::decay_t<decltype(rows)>, BF16Rows>, BF16Rows, ConstMatRef<float>>;
+    y.visit([&](const auto& out) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(out)>, GatedResidual<float>>) {
+        if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>)
+          throw InvalidArgument("linear: an epilogue runs on written rows, not on a gated residual");
+        detail::gated_add_rows(ctx, Rows(rows), w, bias, out);
+      } else {
+        detail::linear_rows(ctx, Rows(rows), w, bias, out, std::forward<Epilogue>(epilogue));
+      }
+    });
+  });
+}
+
+/// h = activation(x · W (+ bias)) into rows of h's form: bf16 rows written by a
+/// bf16_native product itself (linear_activated), or float rows activated block by
+/// block after their product. Either way the activation is computed in fp32 and
+/// rounded to bf16 (if at all) once.
+inline void linear_activated_to(Context& ctx, const OperandRows<float>& x, const PackedMatrix& w, const float* bias,
+                                Activation activation, const OperandBuffer<float>& h) {
+  with_rows(x, [&](const auto& rows) {
+    using Rows =
+        std::conditional_t<std::is_same_v<std::decay_t<decltype(rows)>, BF16Rows>, BF16Rows, ConstMatRef<float>>;
+    h.write([&](auto out) {
+      if constexpr (std::is_same_v<decltype(out), bf16*>)
+        detail::activated_rows(ctx, Rows(rows), w, bias, activation, out);
+      else
+        detail::linear_rows(ctx, Rows(rows), w, bias, out,
+                            per_row_epilogue<float>(activation_inplace<float>(activation)));
+    });
+  });
+}
+
+/// linear_to with a plain weight w ([out, in] or [in, out] by layout), which reads S
+/// rows: written (then `epilogue`), or added to a gated residual in the unfused order.
+template <class S, class Epilogue = std::nullptr_t>
+void linear_to(Context& ctx, const OperandRows<S>& x, ConstMatRef<S> w, WeightLayout layout, const S* bias,
+               const Destination<S>& y, Epilogue&& epilogue = nullptr) {
+  if (x.form() != RowForm::fp32)
+    throw InvalidArgument("linear: weight " + shape_string(Shape{w.rows(), w.cols()}) +
+                          ": bf16 rows need a weight packed for bf16 kernels; this one is not packed");
+  const ConstStridedMap<S> rows = x.values();
+  y.visit([&](const auto& out) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(out)>, GatedResidual<S>>) {
+      if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>)
+        throw InvalidArgument("linear: an epilogue runs on written rows, not on a gated residual");
+      gated_add_unfused<S>(ctx, rows.rows(), out.residual.cols(), out,
+                           [&](MatRef<S> product) { linear<S>(ctx, rows, w, bias, product, layout); });
+    } else {
+      linear<S>(ctx, rows, w, bias, out, layout, std::forward<Epilogue>(epilogue));
+    }
+  });
+}
+
+/// linear_activated_to with a plain weight: S rows, activated block by block.
+template <class S>
+void linear_activated_to(Context& ctx, const OperandRows<S>& x, ConstMatRef<S> w, WeightLayout layout, const S* bias,
+                         Activation activation, const OperandBuffer<S>& h) {
+  if (h.form() != RowForm::fp32)
+    throw InvalidArgument("linear: weight " + shape_string(Shape{w.rows(), w.cols()}) +
+                          ": bf16 rows are written by a weight packed for bf16 kernels; this one is not packed");
+  h.write([&](auto out) {
+    if constexpr (!std::is_same_v<decltype(out), bf16*>)
+      linear_to<S>(ctx, x, w, layout, bias, out, per_row_epilogue<S>(activation_inplace<S>(activation)));
   });
 }
 

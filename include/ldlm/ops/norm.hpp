@@ -8,7 +8,9 @@
 #include <cstdint>
 
 #include "ldlm/core/context.hpp"
-#include "ldlm/ops/linear.hpp"
+#include "ldlm/core/error.hpp"
+#include "ldlm/core/precision.hpp"
+#include "ldlm/core/tensor.hpp"
 
 namespace ldlm {
 
