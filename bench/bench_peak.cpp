@@ -31,7 +31,7 @@
 
 #include "ldlm/ldlm.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(LDLM_HAVE_X86_SIMD)
 #include <immintrin.h>
 #define LDLM_BENCH_X86 1
 #endif
@@ -51,34 +51,27 @@ float sum_lanes(const float* lanes, int n) {
   return total;
 }
 
-__attribute__((target("avx512f"))) float fma_zmm(std::int64_t iterations) {
-  __m512 acc[kZmmChains];
-  for (int c = 0; c < kZmmChains; ++c) acc[c] = _mm512_set1_ps(0.5f + 0.01f * static_cast<float>(c));
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+// kChains independent chains acc <- acc * a + b of FMAs on vectors V.
+template <class V, int kChains>
+LDLM_SIMD_KERNEL float fma_chains(std::int64_t iterations) {
+  V acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = V::set1(0.5f + 0.01f * static_cast<float>(c));
+  const V a = V::set1(0.999f), b = V::set1(0.001f);
   for (std::int64_t i = 0; i < iterations; ++i) {
 #pragma GCC unroll 16
-    for (int c = 0; c < kZmmChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+    for (int c = 0; c < kChains; ++c) acc[c] = fmadd(acc[c], a, b);
   }
-  __m512 sum = acc[0];
-  for (int c = 1; c < kZmmChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  return sum_lanes(lanes, 16);
+  V sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = sum + acc[c];
+  return ldlm::simd::sum_of_lanes(sum);
+}
+
+__attribute__((target("avx512f"))) float fma_zmm(std::int64_t iterations) {
+  return fma_chains<ldlm::simd::F32x16, kZmmChains>(iterations);
 }
 
 __attribute__((target("avx2,fma"))) float fma_ymm(std::int64_t iterations) {
-  __m256 acc[kYmmChains];
-  for (int c = 0; c < kYmmChains; ++c) acc[c] = _mm256_set1_ps(0.5f + 0.01f * static_cast<float>(c));
-  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
-  for (std::int64_t i = 0; i < iterations; ++i) {
-#pragma GCC unroll 12
-    for (int c = 0; c < kYmmChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
-  }
-  __m256 sum = acc[0];
-  for (int c = 1; c < kYmmChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  return sum_lanes(lanes, 8);
+  return fma_chains<ldlm::simd::F32x8, kYmmChains>(iterations);
 }
 
 // Products of small bf16 values: each lane grows by 2 * 2^-20 per instruction, far

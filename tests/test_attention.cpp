@@ -603,6 +603,34 @@ TEST(SoftmaxRow, EveryKernelMatchesTheDefinitionInDouble) {
         }
 }
 
+#if defined(LDLM_HAVE_AVX512_SOFTMAX)
+// The AVX2 and AVX-512 kernels, one template on two vector types and two forms
+// (softmax_simd::Form), agree with each other on a CPU that runs both, element by
+// element and in the sum: each is within kSoftmaxRowTol of the definition, so twice
+// that bounds their difference. (Planted: the fewer_multiplies form without the sign
+// of tanh in its large lanes; fails.)
+TEST(SoftmaxRow, Avx2AndAvx512KernelsAgree) {
+  if (!(cpu_features().avx512f && cpu_features().avx512dq && cpu_features().avx2 && cpu_features().fma))
+    GTEST_SKIP() << "this CPU does not run both kernels";
+  const Tolerance both{2 * kSoftmaxRowTol.atol, 2 * kSoftmaxRowTol.rtol};
+  std::uint64_t seed = 100;
+  for (std::size_t n : {1, 7, 15, 16, 17, 31, 33, 100, 1025})
+    for (float spread : {0.5f, 8.0f, 300.0f})
+      for (float cap : {0.0f, 50.0f, 1.0f}) {
+        const std::vector<float> scores = random_scores(n, spread, ++seed);
+        std::vector<float> wide = scores, narrow = scores;
+        const float wide_sum = detail::exp_shifted_capped_avx512(wide.data(), static_cast<Index>(n), cap);
+        const float narrow_sum = detail::exp_shifted_capped_avx2(narrow.data(), static_cast<Index>(n), cap);
+        const std::string where =
+            "n = " + std::to_string(n) + ", spread " + std::to_string(spread) + ", cap " + std::to_string(cap);
+        EXPECT_LE(std::abs(wide_sum - narrow_sum), both.allowed(narrow_sum)) << where << ": sums";
+        for (std::size_t j = 0; j < n; ++j)
+          ASSERT_LE(std::abs(wide[j] - narrow[j]), both.allowed(narrow[j]))
+              << where << ": j = " << j << ", avx512 " << wide[j] << ", avx2 " << narrow[j];
+      }
+}
+#endif
+
 // Every kernel, and the one exp_shifted_capped picks. (Planted: the generic kernel
 // in Eigen's vector expressions, built with -mavx2, fails at 14 of 15 offsets.)
 TEST(SoftmaxRow, ResultDoesNotDependOnTheRowsAddress) {

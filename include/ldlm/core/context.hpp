@@ -234,10 +234,9 @@ class Context {
   Arena& arena() { return arena_; }
   /// The scratch of one parallel_for worker (the `worker` its tasks are given),
   /// for buffers that live inside a task. Each worker's arena is its own allocation:
-  /// carved from one shared block 1 MB apart, two workers' attention tiles took
-  /// 8.97-9.99 ms at 2 threads on an AMD Zen 5 against 7.88-8.65 ms in arenas of their
-  /// own (bench/results/README.md). A task should ask for what the largest task of
-  /// its call needs, so that every worker's arena is sized by the first task it runs.
+  /// two workers' attention tiles carved from one shared block ran slower than
+  /// tiles in arenas of their own (bench/results/README.md). A task should ask for
+  /// what the largest task of its call needs, so that every worker's arena is sized by the first task it runs.
   Arena& worker_arena(int worker) {
     if (worker < 0 || worker >= threads())
       throw InvalidArgument("Context::worker_arena: worker " + std::to_string(worker) + " of a pool of " +

@@ -1,6 +1,6 @@
 // What the CPU can do, read from CPUID and XGETBV, never from a model-number table:
 // a library that guesses by model falls back to generic code on CPUs newer than
-// itself (Debian's OpenBLAS 0.3.21 runs an Emerald Rapids Xeon as a 2004 Pentium).
+// itself (bench/results/README.md has a case).
 // A feature counts only when the OS also saves its registers (XCR0), as AVX-512 and
 // AMX need.
 #pragma once
@@ -17,8 +17,8 @@
 namespace ldlm {
 
 struct CpuFeatures {
-  std::string vendor;  // "GenuineIntel", "AuthenticAMD", ...
-  std::string brand;   // e.g. "AMD EPYC 9R45 96-Core Processor"
+  std::string vendor;  // CPUID's vendor string (leaf 0)
+  std::string brand;   // CPUID's brand string (leaves 0x80000002-4), trimmed
   int family = 0, model = 0;
   bool avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;

@@ -18,10 +18,7 @@
 
 #include "ldlm/core/cpu.hpp"
 #include "ldlm/core/error.hpp"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "ldlm/core/simd.hpp"
 
 namespace ldlm {
 
@@ -57,100 +54,71 @@ namespace detail {
 /// under a caller's flush-to-zero mode.
 inline float scaled_value(float x, float scale) { return scale != 1.0f ? x * scale : x; }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(LDLM_HAVE_X86_SIMD)
 #define LDLM_HAVE_X86_KERNELS 1
-/// 16 lanes of float_to_bf16's arithmetic, bit for bit (the bf16 conversion
-/// instruction flushes subnormals, so it is not used), with the result in the
+/// float_to_bf16's arithmetic in every lane, bit for bit (the bf16 conversion
+/// instructions flush subnormals, so they are not used), with the result in the
 /// upper 16 bits of each lane and garbage below.
-__attribute__((target("avx512f"))) inline __m512i bf16_high_bits_avx512(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x400000));
+template <class V>
+LDLM_SIMD_KERNEL typename V::Bits bf16_high_bits(const V& v) {
+  using I = typename V::Bits;
+  const I u = simd::bits(v);
+  const I lsb = simd::shift_right_16(u) & I::set1(1);
+  const I rounded = u + (lsb + I::set1(0x7fff));
+  return simd::select(simd::is_nan(v), u | I::set1(0x400000), rounded);
 }
 
-/// 16 values from x, times factor when scale_values (scale != 1, as in scaled_value).
-__attribute__((target("avx512f"))) inline __m512 scaled_values_avx512(const float* x, __m512 factor,
-                                                                      bool scale_values) {
-  const __m512 v = _mm512_loadu_ps(x);
-  return scale_values ? _mm512_mul_ps(factor, v) : v;
+/// V::kLanes values from x, times factor when scale_values (scale != 1, as in scaled_value).
+template <class V>
+LDLM_SIMD_KERNEL V scaled_values(const float* x, const V& factor, bool scale_values) {
+  const V v = V::load(x);
+  return scale_values ? factor * v : v;
 }
 
 /// One pass, so that attention's probabilities are normalised as they are narrowed:
-/// a multiply, the rounding, and one permute that packs the upper halves of 32 lanes.
+/// a multiply, the rounding, and the upper halves of two vectors packed into one.
+template <class V>
+LDLM_SIMD_KERNEL void to_bf16_simd(const float* x, std::int64_t n, bf16* y, float scale) {
+  constexpr int L = V::kLanes;
+  const bool scale_values = scale != 1.0f;
+  const V factor = V::set1(scale);
+  const std::int64_t pairs = n - n % (2 * L), vectors = n - n % L;
+  for (std::int64_t i = 0; i < pairs; i += 2 * L)
+    simd::store_upper_halves(y + i, bf16_high_bits(scaled_values(x + i, factor, scale_values)),
+                             bf16_high_bits(scaled_values(x + i + L, factor, scale_values)));
+  if (pairs < vectors)
+    simd::store_upper_halves(y + pairs, bf16_high_bits(scaled_values(x + pairs, factor, scale_values)));
+  // The tail counts from `vectors`, not on from the body's counter: inlined with a
+  // constant n, GCC 12 took such a tail for one that overflows and warned.
+  for (std::int64_t i = vectors; i < n; ++i) y[i] = float_to_bf16(scaled_value(x[i], scale));
+}
+
+template <class V>
+LDLM_SIMD_KERNEL void round_to_bf16_simd(const float* x, std::int64_t n, float* y, float scale) {
+  using I = typename V::Bits;
+  constexpr int L = V::kLanes;
+  const bool scale_values = scale != 1.0f;
+  const V factor = V::set1(scale);
+  const I high_half = I::set1(static_cast<std::int32_t>(0xffff0000u));
+  const std::int64_t vectors = n - n % L;
+  for (std::int64_t i = 0; i < vectors; i += L)
+    simd::from_bits(bf16_high_bits(scaled_values(x + i, factor, scale_values)) & high_half).store(y + i);
+  for (std::int64_t i = vectors; i < n; ++i) y[i] = ldlm::round_to_bf16(scaled_value(x[i], scale));
+}
+
 __attribute__((target("avx512f,avx512bw"))) inline void to_bf16_avx512(const float* x, std::int64_t n, bf16* y,
                                                                        float scale) {
-  const bool scale_values = scale != 1.0f;
-  const __m512 factor = _mm512_set1_ps(scale);
-  const __m512i odd_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
-                                              27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  std::int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512i low = bf16_high_bits_avx512(scaled_values_avx512(x + i, factor, scale_values));
-    const __m512i high = bf16_high_bits_avx512(scaled_values_avx512(x + i + 16, factor, scale_values));
-    _mm512_storeu_si512(y + i, _mm512_permutex2var_epi16(low, odd_halves, high));
-  }
-  if (i + 16 <= n) {
-    const __m512i bits = bf16_high_bits_avx512(scaled_values_avx512(x + i, factor, scale_values));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
-    i += 16;
-  }
-  for (; i < n; ++i) y[i] = float_to_bf16(scaled_value(x[i], scale));
+  to_bf16_simd<simd::F32x16>(x, n, y, scale);
 }
-
 __attribute__((target("avx512f"))) inline void round_to_bf16_avx512(const float* x, std::int64_t n, float* y,
                                                                     float scale) {
-  const bool scale_values = scale != 1.0f;
-  const __m512 factor = _mm512_set1_ps(scale);
-  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_and_si512(
-                                bf16_high_bits_avx512(scaled_values_avx512(x + i, factor, scale_values)), high_half)));
-  for (; i < n; ++i) y[i] = round_to_bf16(scaled_value(x[i], scale));
+  round_to_bf16_simd<simd::F32x16>(x, n, y, scale);
 }
-
-/// The same two conversions on AVX2, 8 lanes at a time, bit for bit float_to_bf16's.
-__attribute__((target("avx2"))) inline __m256i bf16_high_bits_avx2(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  return _mm256_blendv_epi8(rounded, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
-}
-
-__attribute__((target("avx2"))) inline __m256 scaled_values_avx2(const float* x, __m256 factor, bool scale_values) {
-  const __m256 v = _mm256_loadu_ps(x);
-  return scale_values ? _mm256_mul_ps(factor, v) : v;
-}
-
 __attribute__((target("avx2"))) inline void to_bf16_avx2(const float* x, std::int64_t n, bf16* y, float scale) {
-  const bool scale_values = scale != 1.0f;
-  const __m256 factor = _mm256_set1_ps(scale);
-  const std::int64_t full = n - n % 16;
-  for (std::int64_t i = 0; i < full; i += 16) {
-    const __m256i low = _mm256_srli_epi32(bf16_high_bits_avx2(scaled_values_avx2(x + i, factor, scale_values)), 16);
-    const __m256i high =
-        _mm256_srli_epi32(bf16_high_bits_avx2(scaled_values_avx2(x + i + 8, factor, scale_values)), 16);
-    // packus works within 128-bit lanes: [low 0-3, high 0-3, low 4-7, high 4-7], reordered.
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
-                        _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xd8));
-  }
-  // The tail counts from `full`, not on from the body's counter: inlined with a
-  // constant n, GCC 12 took such a tail for one that overflows and warned.
-  for (std::int64_t i = full; i < n; ++i) y[i] = float_to_bf16(scaled_value(x[i], scale));
+  to_bf16_simd<simd::F32x8>(x, n, y, scale);
 }
-
 __attribute__((target("avx2"))) inline void round_to_bf16_avx2(const float* x, std::int64_t n, float* y, float scale) {
-  const bool scale_values = scale != 1.0f;
-  const __m256 factor = _mm256_set1_ps(scale);
-  const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_and_si256(
-                                bf16_high_bits_avx2(scaled_values_avx2(x + i, factor, scale_values)), high_half)));
-  for (; i < n; ++i) y[i] = round_to_bf16(scaled_value(x[i], scale));
+  round_to_bf16_simd<simd::F32x8>(x, n, y, scale);
 }
 
 /// bf16 to float, 8 lanes at a time: a zero extension and a shift, exact.
