@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/ldlm.hpp"
 #include "support/files.hpp"
 #include "support/reference.hpp"

@@ -7,7 +7,8 @@
 //   nn/       modules owning named parameters (Linear, norms, FFNs, attention)
 //   model/    the configuration, the five LDLM modules, self-describing checkpoints
 //   sampling/ the diffusion schedule, the sampler and the end-to-end pipeline
-//   io/       safetensors reading/writing, checkpoint loading, GPT-2's tokenizer
+//   io/       safetensors reading/writing, parameters by state-dict name, GPT-2's
+//             tokenizer
 #pragma once
 
 #include "ldlm/core/compare.hpp"
@@ -24,6 +25,6 @@
 #include "ldlm/sampling/pipeline.hpp"
 #include "ldlm/sampling/sampler.hpp"
 #include "ldlm/sampling/schedule.hpp"
-#include "ldlm/io/checkpoint.hpp"
 #include "ldlm/io/safetensors.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/io/tokenizer.hpp"

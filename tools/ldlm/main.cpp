@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "args.hpp"
-#include "ldlm/io/checkpoint.hpp"
 #include "ldlm/io/safetensors.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/io/tokenizer.hpp"
 #include "ldlm/ldlm.hpp"
 #include "ldlm_embedded.hpp"
