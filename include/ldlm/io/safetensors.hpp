@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ldlm/core/error.hpp"
+#include "ldlm/core/precision.hpp"
 
 namespace ldlm {
 
@@ -110,30 +111,6 @@ inline DType parse_dtype(std::string_view dtype, std::string_view tensor = {}) {
   if (!tensor.empty()) msg += " for tensor '" + std::string(tensor) + "'";
   throw FormatError(msg);
 }
-
-/// IEEE binary16 -> binary32, exact (normals, subnormals, signed zero, inf, nan payload).
-inline float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: mant * 2^-24; normalise so the leading 1 lands in bit 10
-    exp = 113;
-    while (!(mant & 0x400u)) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
-/// bfloat16 -> binary32 (exact: bf16 is the top half of a float).
-inline float bf16_to_float(std::uint16_t h) { return std::bit_cast<float>(std::uint32_t(h) << 16); }
 
 struct TensorInfo {
   std::string name;
@@ -301,7 +278,7 @@ class SafetensorsFile {
         case DType::F16:
           return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(half_to_float(v)); });
         case DType::BF16:
-          return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(bf16_to_float(v)); });
+          return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(bf16_to_float(bf16(v))); });
         case DType::I64:
           return each(std::int64_t{}, [](std::int64_t v) { return static_cast<T>(v); });
         case DType::I32:
