@@ -7,8 +7,8 @@
 //   nn/       modules owning named parameters (Linear, norms, FFNs, attention)
 //   model/    the configuration, the five LDLM modules, self-describing checkpoints
 //   sampling/ the diffusion schedule, the sampler and the end-to-end pipeline
-//   io/       safetensors reading/writing, parameters by state-dict name, GPT-2's
-//             tokenizer
+//   io/       the strict JSON reader, safetensors reading/writing, parameters by
+//             state-dict name, GPT-2's tokenizer
 #pragma once
 
 #include "ldlm/core/compare.hpp"

@@ -23,7 +23,6 @@
 #include <limits>
 #include <map>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,6 +34,7 @@
 
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/precision.hpp"
+#include "ldlm/io/json.hpp"
 
 namespace ldlm {
 
@@ -123,7 +123,6 @@ struct TensorInfo {
 namespace detail {
 
 inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
-inline constexpr int kMaxJsonDepth = 8;
 inline constexpr std::size_t kMaxRank = 8;
 
 /// Owns a read-only private mapping of a whole file.
@@ -345,28 +344,14 @@ class SafetensorsFile {
     return n;
   }
 
-  /// The header JSON, refused when it nests too deep or repeats a key at any level
-  /// (nlohmann would silently keep the last one).
+  /// The header JSON (read_json: strict, nesting bounded, no repeated key). A tensor
+  /// named twice is reported as such.
   nlohmann::json parse_header(const char* text, std::uint64_t length) const {
-    using nlohmann::json;
-    std::vector<std::set<std::string>> keys(detail::kMaxJsonDepth + 2);
-    auto cb = [&](int depth, json::parse_event_t ev, json& v) {
-      if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) {
-        if (depth >= detail::kMaxJsonDepth)
-          fail("header JSON is nested deeper than " + std::to_string(detail::kMaxJsonDepth) + " levels");
-        if (ev == json::parse_event_t::object_start) keys[std::size_t(depth) + 1].clear();
-      } else if (ev == json::parse_event_t::key && !keys[std::size_t(depth)].insert(v.get<std::string>()).second) {
-        fail(depth == 1 && v != "__metadata__" ? "duplicate tensor name '" + v.get<std::string>() + "'"
-                                               : "duplicate key '" + v.get<std::string>() + "' in header");
-      }
-      return true;
-    };
-    json header;
-    try {
-      header = json::parse(text, text + length, cb);
-    } catch (const json::exception& e) {
-      fail(std::string("header is not valid JSON: ") + e.what());
-    }
+    const nlohmann::json header = read_json(std::string_view(text, length), [&](const JsonProblem& p) {
+      if (p.kind == JsonProblem::Kind::duplicate_key && p.path.empty() && p.key != "__metadata__")
+        fail("duplicate tensor name " + detail::quote(p.key));
+      fail("header: " + p.message);
+    });
     if (!header.is_object()) fail("header is not a JSON object");
     return header;
   }
