@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/io/tokenizer.hpp"
 #include "ldlm/ldlm.hpp"
 

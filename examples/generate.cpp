@@ -13,7 +13,7 @@
 #include <optional>
 #include <thread>
 
-#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/ldlm.hpp"
 
 int main(int argc, char** argv) try {

@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/ldlm.hpp"
 #include "support/reference.hpp"
 

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/ldlm.hpp"
 #include "support/files.hpp"
 #include "support/reference.hpp"
@@ -237,12 +237,14 @@ TEST(ModelConfig, ErrorsNameTheKey) {
               AllOf(HasSubstr("'n_heads'"), HasSubstr("head_dim"), HasSubstr("10 * 64 != 768")));
   EXPECT_THAT(config_error(R"({"gpt2_feature_layers": 13})"),
               AllOf(HasSubstr("'gpt2_feature_layers'"), HasSubstr("gpt2_layers (12)"), HasSubstr("13")));
-  // Nested values are refused while parsing (before any recursion), naming the key.
+  // Nested values are refused by their type, naming the key; deep nesting by the JSON reader.
   EXPECT_THAT(config_error(R"({"n_heads": 12, "d_model": [768]})"),
-              HasSubstr("config <string>: 'd_model' must be a number or a boolean, got a nested JSON array"));
+              HasSubstr("config <string>: 'd_model' must be an integer, got a JSON array"));
   EXPECT_THAT(config_error(R"({"softcap": {"value": 50}})"),
-              HasSubstr("config <string>: 'softcap' must be a number or a boolean, got a nested JSON object"));
-  EXPECT_THAT(config_error(R"([[1]])"), HasSubstr("config <string>: got a nested JSON array"));
+              HasSubstr("config <string>: 'softcap' must be a number, got a JSON object"));
+  EXPECT_THAT(config_error(R"([[1]])"), HasSubstr("config <string>: expected a JSON object, got array"));
+  EXPECT_THAT(config_error(R"({"d_model": )" + std::string(100'000, '[')),
+              HasSubstr("config <string>: JSON is nested deeper than 16 levels at 'd_model"));
   EXPECT_THAT(config_error("[1, 2]"), HasSubstr("JSON object"));
   EXPECT_THAT(config_error("{"), HasSubstr("not valid JSON"));
   EXPECT_THAT(error_of<IoError>([] { Config::load("/nonexistent/ldlm-config.json"); }),
@@ -653,7 +655,8 @@ TEST_F(ModelLoading, HalfAndBfloat16CheckpointsWidenToFloat) {
     double absolute;  // half the smallest subnormal step
   };
   const Narrow kinds[] = {{"F16", DType::F16, float_to_half, half_to_float, std::ldexp(1.0, -11), std::ldexp(1.0, -25)},
-                          {"BF16", DType::BF16, float_to_bf16, bf16_to_float, std::ldexp(1.0, -8), 0.0}};
+                          {"BF16", DType::BF16, float_to_bf16, [](std::uint16_t h) { return bf16_to_float(bf16(h)); },
+                           std::ldexp(1.0, -8), 0.0}};
   LoadOptions plain;
   plain.pack = std::nullopt;  // the values themselves are compared
   LDLM<float> original(small_config());

@@ -150,6 +150,26 @@ std::vector<float> fp32_ties_of_products(float scale, std::size_t count) {
   return ties;
 }
 
+TEST(NarrowFloats, EveryHalfAndBf16WidensExactly) {
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const int sign = (bits >> 15) ? -1 : 1, exp = (bits >> 10) & 0x1f, mant = bits & 0x3ff;
+    const float got = half_to_float(std::uint16_t(bits));
+    ASSERT_EQ(std::signbit(got), sign < 0) << "half bits " << bits;
+    if (exp == 0x1f) {  // infinities, and NaNs with their payload in the top of the float's mantissa
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got), (bits & 0x8000u) << 16 | 0x7f800000u | std::uint32_t(mant) << 13)
+          << "half bits " << bits;
+      continue;
+    }
+    const double want = sign * (exp ? std::ldexp(1.0 + mant / 1024.0, exp - 15) : std::ldexp(double(mant), -24));
+    ASSERT_EQ(double(got), want) << "half bits " << bits;
+  }
+  // bf16 is the top half of a float: every value, one at a time (the array form above
+  // takes the vector path for all but its tail).
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(bf16_to_float(bf16(static_cast<std::uint16_t>(bits)))), bits << 16)
+        << "bf16 bits " << bits;
+}
+
 TEST(Bf16Conversion, ScaledConversionRoundsTheFp32Product) {
   // Attention normalises its probabilities inside the conversion: x · scale must be
   // rounded to fp32 first, exactly as a separate multiply would, in both halves of a

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/ldlm.hpp"
 #include "support/errors.hpp"
 #include "support/reference.hpp"

@@ -34,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/ldlm.hpp"
 #include "support/reference.hpp"
 

@@ -149,20 +149,6 @@ TEST(Safetensors, HalfWideningExact) {
               HasSubstr("tensor 'h' has dtype F16, expected an integer dtype"));
 }
 
-TEST(Safetensors, HalfWideningExhaustive) {
-  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
-    const int sign = (bits >> 15) ? -1 : 1, exp = (bits >> 10) & 0x1f, mant = bits & 0x3ff;
-    const float got = ldlm::half_to_float(std::uint16_t(bits));
-    if (exp == 0x1f) {
-      EXPECT_TRUE(mant ? std::isnan(got) : std::isinf(got) && std::signbit(got) == (sign < 0)) << bits;
-      continue;
-    }
-    const double want = sign * (exp ? std::ldexp(1.0 + mant / 1024.0, exp - 15) : std::ldexp(double(mant), -24));
-    ASSERT_EQ(double(got), want) << "half bits " << bits;
-    ASSERT_EQ(std::signbit(got), sign < 0) << bits;
-  }
-}
-
 TEST(Safetensors, BFloat16WideningExact) {
   // 1.0, -2.5, max finite, smallest subnormal 2^-133, +inf, -inf, nan.
   const std::vector<std::uint16_t> h{0x3F80, 0xC020, 0x7F7F, 0x0001, 0x7F80, 0xFF80, 0x7FC0};
@@ -390,10 +376,10 @@ TEST(SafetensorsHostile, HeaderLengthOverLimit) {
 }
 
 TEST(SafetensorsHostile, NotJson) {
-  EXPECT_THAT(format_error("{\"x\": nope}", 0), HasSubstr("safetensors <buffer>: header is not valid JSON"));
-  EXPECT_THAT(format_error("", 0), HasSubstr("header is not valid JSON"));
-  EXPECT_THAT(format_error("{} {}", 0), HasSubstr("header is not valid JSON"));
-  EXPECT_THAT(format_error("{\"\xff\":1}", 0), HasSubstr("header is not valid JSON"));
+  EXPECT_THAT(format_error("{\"x\": nope}", 0), HasSubstr("safetensors <buffer>: header: not valid JSON"));
+  EXPECT_THAT(format_error("", 0), HasSubstr("header: not valid JSON"));
+  EXPECT_THAT(format_error("{} {}", 0), HasSubstr("header: not valid JSON"));
+  EXPECT_THAT(format_error("{\"\xff\":1}", 0), HasSubstr("header: not valid JSON"));
 }
 
 TEST(SafetensorsHostile, NotAnObject) {
@@ -402,9 +388,11 @@ TEST(SafetensorsHostile, NotAnObject) {
 }
 
 TEST(SafetensorsHostile, DeepNesting) {
-  // A million open brackets must be rejected at depth 8, not recurse or buffer them all.
-  EXPECT_THAT(format_error(std::string(1'000'000, '['), 0), HasSubstr("header JSON is nested deeper than 8 levels"));
-  EXPECT_THAT(format_error(R"({"__metadata__":{"a":[[[[[[[[1]]]]]]]]}})", 0), HasSubstr("nested deeper than 8"));
+  // A million open brackets must be rejected at depth 16, not recurse or buffer them all.
+  EXPECT_THAT(format_error(std::string(1'000'000, '['), 0),
+              HasSubstr("safetensors <buffer>: header: JSON is nested deeper than 16 levels"));
+  EXPECT_THAT(format_error(R"({"__metadata__":{"a":)" + std::string(15, '[') + "1" + std::string(15, ']') + "}}", 0),
+              HasSubstr("nested deeper than 16 levels at '__metadata__.a"));
 }
 
 TEST(SafetensorsHostile, DuplicateTensorNames) {
@@ -412,7 +400,7 @@ TEST(SafetensorsHostile, DuplicateTensorNames) {
                         R"("x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
   EXPECT_THAT(format_error(h, 8), HasSubstr("duplicate tensor name 'x'"));
   EXPECT_THAT(format_error(R"({"x":{"dtype":"F32","dtype":"F32","shape":[0],"data_offsets":[0,0]}})", 0),
-              HasSubstr("duplicate key 'dtype'"));
+              HasSubstr("header: duplicate key 'dtype' in 'x'"));
   EXPECT_THAT(format_error(R"({"__metadata__":{},"__metadata__":{}})", 0), HasSubstr("duplicate key '__metadata__'"));
 }
 

@@ -70,7 +70,7 @@ TEST(TokenizerParity, MatchesTiktokenOnEveryCase) {
     const auto want = c.at("ids").get<Ids>();
     const auto got = gpt2().encode(text);
     const auto result = same_ids(got, want);
-    EXPECT_TRUE(result) << "case '" << c.at("name").get<std::string>() << "', text " << detail::tok::quote(text);
+    EXPECT_TRUE(result) << "case '" << c.at("name").get<std::string>() << "', text " << detail::quote(text);
     EXPECT_EQ(gpt2().decode(want), text) << "decode, case '" << c.at("name").get<std::string>() << "'";
     if (!result && ++failures >= 10) FAIL() << "stopping after 10 differences";
   }
@@ -95,7 +95,7 @@ TEST(TokenizerParity, WhiteSpaceIsUnicodesProperty) {
       {"\xe2\x80\x8b", {64, 220, 20126, 65}},            // U+200B: not
   };
   for (const auto& c : cases)
-    EXPECT_EQ(gpt2().encode(std::string("a  ") + c.character + "b"), c.ids) << detail::tok::quote(c.character);
+    EXPECT_EQ(gpt2().encode(std::string("a  ") + c.character + "b"), c.ids) << detail::quote(c.character);
   EXPECT_EQ(gpt2().encode("\n\n\xef\xbb\xbf"), (Ids{198, 198, 171, 119, 123}));
 }
 
@@ -130,10 +130,10 @@ TEST(Tokenizer, RoundTripsRandomUtf8) {
                    : kind == 2 ? char32_t(rng() % 0x10000)
                                : char32_t(rng() % 0x110000);
       if (c >= 0xD800 && c < 0xE000) c = 0x20;
-      detail::tok::append_utf8(text, c);
+      detail::append_utf8(text, c);
     }
     const auto ids = t.encode(text);
-    ASSERT_EQ(t.decode(ids), text) << "text " << detail::tok::quote(text) << " ids " << ids_string(ids);
+    ASSERT_EQ(t.decode(ids), text) << "text " << detail::quote(text) << " ids " << ids_string(ids);
   }
 }
 
@@ -184,7 +184,7 @@ TEST(Tokenizer, EncodeRejectsInvalidUtf8WithItsOffset) {
   for (const auto& c : cases)
     EXPECT_THAT(error_of<InvalidArgument>([&] { gpt2().encode(c.text); }),
                 HasSubstr("Tokenizer::encode: the text is not valid UTF-8 " + c.message))
-        << detail::tok::quote(c.text);
+        << detail::quote(c.text);
 }
 
 // ---------------------------------------------------------------------------
@@ -358,7 +358,7 @@ TEST(TokenizerHostileFiles, Vocabulary) {
       {std::string(detail::tok::kMaxFileBytes + 1, ' '),
        "tokenizer v.json: file is 67108865 bytes, more than the limit of 67108864"},
   };
-  for (const auto& c : cases) EXPECT_THAT(vocab_error(c.vocab), HasSubstr(c.message)) << detail::tok::quote(c.vocab);
+  for (const auto& c : cases) EXPECT_THAT(vocab_error(c.vocab), HasSubstr(c.message)) << detail::quote(c.vocab);
   std::string huge = "{";
   for (int i = 0; i <= 1'000'000; ++i) huge += "\"t" + std::to_string(i) + "\": 0, ";
   EXPECT_THAT(vocab_error(huge), HasSubstr("tokenizer v.json: more than the limit of 1000000 tokens"));
@@ -394,7 +394,7 @@ TEST(TokenizerHostileFiles, Merges) {
        "tokenizer m.txt: file is 67108865 bytes, more than the limit of 67108864"},
   };
   for (const auto& c : cases)
-    EXPECT_THAT(vocab_error(vocab, c.merges), HasSubstr(c.message)) << detail::tok::quote(c.merges);
+    EXPECT_THAT(vocab_error(vocab, c.merges), HasSubstr(c.message)) << detail::quote(c.merges);
   std::string many;
   for (int i = 0; i < 300; ++i) many += "a b\n";
   EXPECT_THAT(vocab_error(vocab, many),
@@ -420,7 +420,7 @@ TEST(TokenizerHostileFiles, TokenizerJson) {
     std::string text, message;
   } cases[] = {
       {"[]", "tokenizer t.json: expected a JSON object, found array []"},
-      {"{\"model\": {}, \"model\": {}}", "tokenizer t.json: duplicate key 'model' in an object at depth 1"},
+      {"{\"model\": {}, \"model\": {}}", "tokenizer t.json: duplicate key 'model' in the top-level object"},
       {deep, "tokenizer t.json: JSON is nested deeper than 16 levels"},
       {"{\"mod", "tokenizer t.json: not valid JSON"},
       {"{}", "tokenizer t.json: missing key 'model'"},

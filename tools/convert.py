@@ -34,7 +34,7 @@ STATE_DICT_KEYS = ("state_dict", "model", "module")  # in this order
 WRAPPER_PREFIXES = ("model.", "module.", "_orig_mod.")  # Lightning, DDP/DataParallel, torch.compile
 # GPT-2's attention-mask buffers: exactly h.<block>.attn.bias / .masked_bias, bare or
 # under feature_model. (LDLM) or transformer. (Hugging Face). The same rule as ldlm's
-# is_gpt2_buffer (include/ldlm/io/checkpoint.hpp).
+# is_gpt2_buffer (include/ldlm/io/state_dict.hpp).
 GPT2_BUFFER = re.compile(r"(?:feature_model\.|transformer\.)?h\.(?:0|[1-9][0-9]*)\.attn\.(?:bias|masked_bias)")
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 

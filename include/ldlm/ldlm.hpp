@@ -8,7 +8,8 @@
 //   model/    the configuration, the five LDLM modules, self-describing checkpoints
 //   sampling/ the diffusion schedule, the solvers, conditioning on known latents, the
 //             sampler and the end-to-end pipeline
-//   io/       safetensors reading/writing, checkpoint loading, GPT-2's tokenizer
+//   io/       the strict JSON reader, safetensors reading/writing, parameters by
+//             state-dict name, GPT-2's tokenizer
 #pragma once
 
 #include "ldlm/core/compare.hpp"
@@ -28,6 +29,6 @@
 #include "ldlm/sampling/pipeline.hpp"
 #include "ldlm/sampling/sampler.hpp"
 #include "ldlm/sampling/schedule.hpp"
-#include "ldlm/io/checkpoint.hpp"
 #include "ldlm/io/safetensors.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/io/tokenizer.hpp"

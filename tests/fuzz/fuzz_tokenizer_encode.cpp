@@ -91,7 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const std::string decoded = t.decode(ids);
     if (!in_range || decoded.size() != bytes) __builtin_trap();
-    if (!ldlm::detail::tok::find_invalid_utf8(decoded) && t.decode(t.encode(decoded)) != decoded) __builtin_trap();
+    if (!ldlm::detail::find_invalid_utf8(decoded) && t.decode(t.encode(decoded)) != decoded) __builtin_trap();
   } catch (const ldlm::InvalidArgument&) {
     if (in_range) __builtin_trap();
   }

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "args.hpp"
-#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/io/safetensors.hpp"
 #include "ldlm/io/tokenizer.hpp"
 #include "ldlm/ldlm.hpp"

@@ -1,4 +1,5 @@
-// Numeric precision of the matrix products, and bfloat16 values.
+// Numeric precision of the matrix products, bfloat16 values, and the widening of
+// IEEE binary16 (checkpoints' F16 tensors).
 //
 // The model was trained under bf16 autocast; ldlm's bf16 mode mirrors it (see
 // docs/model.md §Precision): every matrix product takes bf16 operands (weights and
@@ -48,6 +49,28 @@ inline bf16 float_to_bf16(float f) {
 
 /// f rounded to the nearest bf16 value, as a float.
 inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+/// IEEE binary16 (its 16 bits) -> binary32, exact: normals, subnormals, signed zero,
+/// infinities and NaN payloads.
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: mant * 2^-24; normalise so the leading 1 lands in bit 10
+    exp = 113;
+    while (!(mant & 0x400u)) {
+      mant <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
 
 namespace detail {
 /// x · scale, or x untouched when scale = 1: a multiply by 1 would flush a subnormal x

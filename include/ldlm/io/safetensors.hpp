@@ -23,7 +23,6 @@
 #include <limits>
 #include <map>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,6 +33,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ldlm/core/error.hpp"
+#include "ldlm/core/precision.hpp"
+#include "ldlm/io/json.hpp"
 
 namespace ldlm {
 
@@ -111,30 +112,6 @@ inline DType parse_dtype(std::string_view dtype, std::string_view tensor = {}) {
   throw FormatError(msg);
 }
 
-/// IEEE binary16 -> binary32, exact (normals, subnormals, signed zero, inf, nan payload).
-inline float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: mant * 2^-24; normalise so the leading 1 lands in bit 10
-    exp = 113;
-    while (!(mant & 0x400u)) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
-/// bfloat16 -> binary32 (exact: bf16 is the top half of a float).
-inline float bf16_to_float(std::uint16_t h) { return std::bit_cast<float>(std::uint32_t(h) << 16); }
-
 struct TensorInfo {
   std::string name;
   DType dtype;
@@ -146,7 +123,6 @@ struct TensorInfo {
 namespace detail {
 
 inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
-inline constexpr int kMaxJsonDepth = 8;
 inline constexpr std::size_t kMaxRank = 8;
 
 /// Owns a read-only private mapping of a whole file.
@@ -301,7 +277,7 @@ class SafetensorsFile {
         case DType::F16:
           return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(half_to_float(v)); });
         case DType::BF16:
-          return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(bf16_to_float(v)); });
+          return each(std::uint16_t{}, [](std::uint16_t v) { return static_cast<T>(bf16_to_float(bf16(v))); });
         case DType::I64:
           return each(std::int64_t{}, [](std::int64_t v) { return static_cast<T>(v); });
         case DType::I32:
@@ -368,28 +344,14 @@ class SafetensorsFile {
     return n;
   }
 
-  /// The header JSON, refused when it nests too deep or repeats a key at any level
-  /// (nlohmann would silently keep the last one).
+  /// The header JSON (read_json: strict, nesting bounded, no repeated key). A tensor
+  /// named twice is reported as such.
   nlohmann::json parse_header(const char* text, std::uint64_t length) const {
-    using nlohmann::json;
-    std::vector<std::set<std::string>> keys(detail::kMaxJsonDepth + 2);
-    auto cb = [&](int depth, json::parse_event_t ev, json& v) {
-      if (ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) {
-        if (depth >= detail::kMaxJsonDepth)
-          fail("header JSON is nested deeper than " + std::to_string(detail::kMaxJsonDepth) + " levels");
-        if (ev == json::parse_event_t::object_start) keys[std::size_t(depth) + 1].clear();
-      } else if (ev == json::parse_event_t::key && !keys[std::size_t(depth)].insert(v.get<std::string>()).second) {
-        fail(depth == 1 && v != "__metadata__" ? "duplicate tensor name '" + v.get<std::string>() + "'"
-                                               : "duplicate key '" + v.get<std::string>() + "' in header");
-      }
-      return true;
-    };
-    json header;
-    try {
-      header = json::parse(text, text + length, cb);
-    } catch (const json::exception& e) {
-      fail(std::string("header is not valid JSON: ") + e.what());
-    }
+    const nlohmann::json header = read_json(std::string_view(text, length), [&](const JsonProblem& p) {
+      if (p.kind == JsonProblem::Kind::duplicate_key && p.path.empty() && p.key != "__metadata__")
+        fail("duplicate tensor name " + detail::quote(p.key));
+      fail("header: " + p.message);
+    });
     if (!header.is_object()) fail("header is not a JSON object");
     return header;
   }

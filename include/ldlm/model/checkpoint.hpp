@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "ldlm/core/init.hpp"
-#include "ldlm/io/checkpoint.hpp"
 #include "ldlm/io/safetensors.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/model/config.hpp"
 #include "ldlm/model/model.hpp"
 

@@ -10,12 +10,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
 
 #include "ldlm/core/error.hpp"
+#include "ldlm/io/json.hpp"
 
 namespace ldlm {
 
@@ -150,8 +150,29 @@ struct Config {
 
   /// Missing keys keep their ldlm-base default; an unknown key, a value of the
   /// wrong type or an invalid combination is a ConfigError naming the key.
-  static Config from_json(const nlohmann::json& j) {
-    if (!j.is_object()) throw ConfigError("config: expected a JSON object, got " + std::string(j.type_name()));
+  static Config from_json(const nlohmann::json& j) { return from_json(j, "config"); }
+
+  /// The configuration is one flat object of numbers and booleans; `origin` names the
+  /// text in messages. Repeated keys and deep nesting are refused by read_json.
+  static Config parse(const std::string& text, const std::string& origin = "<string>") {
+    const std::string where = "config " + origin;
+    return from_json(read_json(text, [&](const JsonProblem& p) { throw ConfigError(where + ": " + p.message); }),
+                     where);
+  }
+
+  static Config load(const std::string& path) {
+    if (!std::filesystem::is_regular_file(path)) throw IoError("config: '" + path + "' is not a readable file");
+    std::ifstream in(path);
+    if (!in) throw IoError("config: cannot open '" + path + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return parse(ss.str(), "'" + path + "'");
+  }
+
+ private:
+  /// from_json with `where` ("config", "config 'path'") in front of every message.
+  static Config from_json(const nlohmann::json& j, const std::string& where) {
+    if (!j.is_object()) throw ConfigError(where + ": expected a JSON object, got " + std::string(j.type_name()));
     Config c;
     for (auto it = j.begin(); it != j.end(); ++it) {
       bool known = false;
@@ -165,7 +186,7 @@ struct Config {
           // nested arbitrarily deep or be megabytes long.
           std::string got = v.is_structured() ? std::string("a JSON ") + v.type_name() : v.dump();
           if (got.size() > 64) got = got.substr(0, 64) + "...";
-          throw ConfigError(std::string("config: '") + key + "' must be " + want + ", got " + got);
+          throw ConfigError(where + ": '" + key + "' must be " + want + ", got " + got);
         };
         if constexpr (std::is_same_v<V, bool>) {
           if (!v.is_boolean()) wrong("a boolean");
@@ -179,49 +200,10 @@ struct Config {
           field = v.get<double>();
         }
       });
-      if (!known) throw ConfigError("config: unknown key '" + it.key() + "'");
+      if (!known) throw ConfigError(where + ": unknown key " + detail::quote(it.key()));
     }
     c.validate();
     return c;
-  }
-
-  static Config parse(const std::string& text, const std::string& origin = "<string>") {
-    using nlohmann::json;
-    // The config is one flat object: refusing nested values while parsing keeps
-    // hostile input (a million '[') from recursing through the parser or the
-    // destructor, and a repeated key is refused rather than silently overwritten.
-    std::set<std::string> seen;
-    std::string key;  // the top-level key whose value is being parsed
-    auto flat = [&](int depth, json::parse_event_t event, json& value) {
-      if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth > 0)
-        throw ConfigError("config " + origin + ": " +
-                          (key.empty() ? "" : "'" + key + "' must be a number or a boolean, ") + "got a nested JSON " +
-                          (event == json::parse_event_t::array_start ? "array" : "object") +
-                          " (nested objects and arrays are not allowed)");
-      if (event == json::parse_event_t::key && depth == 1) {
-        key = value.get<std::string>();
-        if (key.size() > 64) key = key.substr(0, 64) + "...";
-        if (!seen.insert(value.get<std::string>()).second)
-          throw ConfigError("config " + origin + ": duplicate key '" + key + "'");
-      }
-      return true;
-    };
-    json j;
-    try {
-      j = json::parse(text, flat);
-    } catch (const json::exception& e) {
-      throw ConfigError("config " + origin + ": not valid JSON: " + e.what());
-    }
-    return from_json(j);
-  }
-
-  static Config load(const std::string& path) {
-    if (!std::filesystem::is_regular_file(path)) throw IoError("config: '" + path + "' is not a readable file");
-    std::ifstream in(path);
-    if (!in) throw IoError("config: cannot open '" + path + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return parse(ss.str(), "'" + path + "'");
   }
 };
 
