@@ -152,8 +152,10 @@ struct SolverSettings {
 inline int denoiser_calls(SamplerKind kind, int steps) { return sampler_info(kind).calls_per_step * steps; }
 
 /// How many more times than once the step from t is taken (SolverSettings::resample).
-inline int resampled_attempts(const SolverSettings& settings, const TangentSchedule& schedule, double t) {
-  return schedule.alpha(t) > 0 ? settings.resample : 0;
+/// Every step but the one from t = 1. The test is on t, not on α(t) > 0: the closed form
+/// gives α(1) = 1/sqrt(1 + D² tan²(π/2)) ≈ 2e-17, as tan(π/2) is finite in double.
+inline int resampled_attempts(const SolverSettings& settings, const TangentSchedule&, double t) {
+  return t < 1.0 ? settings.resample : 0;
 }
 
 /// The number of denoiser calls of integrate over `times` with `settings`.
