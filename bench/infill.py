@@ -167,7 +167,9 @@ def summary(result, meta, default_sampler):
     out.append(f"- **Prompt continuation:** dictionary {pct(pu['dictionary_share'])} unconditional, " + ", ".join(
         f"{pct(r['dictionary_share'])} with {m}" for m, r in pc.items() if m) +
         "; continuations that all differ across the seeds: " + ", ".join(
-        f"{pct(r['changes_with_seed'])} ({m or 'unconditional'})" for m, r in pc.items()) + ".")
+        f"{pct(r['changes_with_seed'])} ({m or 'unconditional'})" for m, r in pc.items()) +
+        "; tokens of the continuation equal to unconditional generation's from the same noise: " + ", ".join(
+        f"{pct(r['unchanged'])} ({m})" for m, r in pc.items() if m) + ".")
     tm = result["timing"]
     none = tm["step_seconds"]["none"]
     out.append("- **Cost:** whole steps with a condition against without: " + ", ".join(
@@ -238,9 +240,10 @@ def render(raw_path, out):
              f"{meta['model']}; {n} sentences ({counts}); seeds 0–{meta['seeds'] - 1} (the grid of methods × fills × "
              f"from_t: seed{'s 0–' + str(meta['grid_seeds'] - 1) if meta['grid_seeds'] > 1 else ' 0'}); {cpu}, "
              f"{meta['threads']} thread; the whole measurement took {meta['seconds'] / 60:.1f} min"
-             + (f" ({meta['cpu_seconds'] / 60:.1f} min of CPU time; the machine was shared, load average "
-                f"{meta['load_average_start']:.1f} at the start and {meta['load_average_end']:.1f} at the end)"
-                if "cpu_seconds" in meta else "") + ".", "",
+             + (f" ({meta['cpu_seconds'] / 60:.1f} min of CPU time on a shared machine" if "cpu_seconds" in meta else "")
+             + (f", load average {meta['load_average_start']:.1f} at the start and {meta['load_average_end']:.1f} at "
+                "the end" if "load_average_start" in meta else "")
+             + (")" if "cpu_seconds" in meta else "") + ".", "",
              "Written by `bench/infill.py` from `ldlm_infill_eval` (bench/infill_eval.cpp); the method is "
              "docs/model.md §Conditioning. Commands:", "", "```sh",
              "/usr/bin/python3 tools/train/prepare_data.py   # the corpus, with its held-out split",
@@ -348,7 +351,7 @@ def render(raw_path, out):
               f"{tm['length']}, the first {tm['known_per_sequence']} tokens of each sequence known; median of "
               f"{tm['rounds']} rounds, the variants alternating within each round:", "",
               "| condition | ms per step | against none |", "|---|---|---|"]
-    for name, s in tm["step_seconds"].items():
+    for name, s in sorted(tm["step_seconds"].items(), key=lambda kv: kv[0] != "none"):
         lines.append(f"| {name} | {1e3 * s:.2f} | {100 * (s / none - 1):+.1f} % |")
     hooks = tm.get("hook_seconds_per_step", {})
     if hooks:
