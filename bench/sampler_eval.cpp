@@ -22,7 +22,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,17 +30,13 @@
 #include "ldlm/io/tokenizer.hpp"
 #include "ldlm/ldlm.hpp"
 
+#include "eval_args.hpp"
+
 namespace {
 
 using namespace ldlm;
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string word; std::getline(in, word, ',');)
-    if (!word.empty()) out.push_back(word);
-  return out;
-}
+using bench::arg;
+using bench::split;
 
 struct Run {
   std::vector<float> sample, denoised;  // the two endpoints
@@ -106,12 +101,6 @@ double agreement(const std::vector<std::int64_t>& a, const std::vector<std::int6
   std::size_t same = 0;
   for (std::size_t i = 0; i < a.size(); ++i) same += a[i] == b[i];
   return static_cast<double>(same) / static_cast<double>(a.size());
-}
-
-std::string arg(const std::vector<std::string>& argv, const std::string& name, const std::string& fallback) {
-  for (std::size_t i = 0; i + 1 < argv.size(); ++i)
-    if (argv[i] == "--" + name) return argv[i + 1];
-  return fallback;
 }
 
 }  // namespace

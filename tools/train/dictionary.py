@@ -1,6 +1,6 @@
 """The model card's dictionary-word share: the share of a text's words found in
-/usr/share/dict/words (Debian's wamerican). tools/train/evaluate.py and
-bench/samplers.py both report it."""
+/usr/share/dict/words (Debian's wamerican). tools/train/evaluate.py,
+bench/samplers.py and bench/infill.py report it."""
 from __future__ import annotations
 
 import os
@@ -9,14 +9,27 @@ import re
 DICT_PATH = "/usr/share/dict/words"
 
 
+WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")
+
+
+def in_dictionary(word: str, words: set[str]) -> bool:
+    lw = word.lower()
+    return lw in words or (lw.endswith("'s") and lw[:-2] in words)
+
+
 def dictionary_share(texts: list[str], words: set[str]) -> float:
     found = total = 0
     for text in texts:
-        for w in re.findall(r"[A-Za-z]+(?:'[A-Za-z]+)?", text):
+        for w in WORD.findall(text):
             total += 1
-            lw = w.lower()
-            found += lw in words or (lw.endswith("'s") and lw[:-2] in words)
+            found += in_dictionary(w, words)
     return found / max(1, total)
+
+
+def is_whole_word(fill: str, words: set[str]) -> bool:
+    """Whether `fill` is a space and one dictionary word, as a masked GPT-2 word is (bench/infill.py)."""
+    m = re.fullmatch(" (" + WORD.pattern + ")", fill)
+    return m is not None and in_dictionary(m.group(1), words)
 
 
 def load_dictionary() -> set[str] | None:
