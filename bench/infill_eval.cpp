@@ -47,7 +47,7 @@
 #include <string>
 #include <vector>
 
-#include "ldlm/io/checkpoint.hpp"
+#include "ldlm/io/state_dict.hpp"
 #include "ldlm/io/tokenizer.hpp"
 #include "ldlm/ldlm.hpp"
 
@@ -380,7 +380,7 @@ nlohmann::json timing(const Evaluator& eval, Index B, Index T, int rounds) {
       if (name != "none") condition.method = find_condition_method(name).value();
       SamplingStats stats;
       const auto start = std::chrono::steady_clock::now();
-      detail::sample_latent_tensor("timing", eval.ctx, model.denoiser, B, T, options, &stats,
+      detail::sample_latent_tensor("timing", eval.ctx, model.denoiser, B, T, options, &stats, {},
                                    name == "none" ? nullptr : &known, condition);
       step_seconds[name].push_back(seconds_since(start) / stats.steps);
     }

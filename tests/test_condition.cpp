@@ -240,7 +240,7 @@ TEST(Condition, BadInputIsAClearError) {
   // Known rows handed to the sampler directly: ascending, within the rows, z matching.
   const auto sample_message = [&](const KnownRows<float>& known) -> std::string {
     try {
-      detail::sample_latent_tensor("sample", ctx, small_model().denoiser, 1, 4, o, nullptr, &known);
+      detail::sample_latent_tensor("sample", ctx, small_model().denoiser, 1, 4, o, nullptr, {}, &known);
     } catch (const Error& e) {
       return e.what();
     }

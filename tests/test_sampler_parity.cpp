@@ -274,7 +274,7 @@ KnownRows<float> known_of(const SafetensorsFile& dump) {
 Tensor3<float> run_conditioned(const SamplerOptions& o, Index B, Index T, const KnownRows<float>& known,
                                const ConditionOptions& condition) {
   Context ctx(1);
-  return detail::sample_latent_tensor("sampler parity", ctx, small_denoiser(), B, T, o, nullptr, &known, condition);
+  return detail::sample_latent_tensor("sampler parity", ctx, small_denoiser(), B, T, o, nullptr, {}, &known, condition);
 }
 
 /// model_small with every module loaded, for Pipeline::generate with known ids.

@@ -93,13 +93,12 @@ TEST(SolverOrder, SecondOrderSolversConvergeAtOrderTwo) {
 }
 
 TEST(SolverOrder, ThirdOrderSolversConvergeFasterThanSecondOrder) {
-  // The steps of 3M and of UniPC's 2M predictor with its corrector are third order, UniPC's
-  // 3M predictor with the corrector fourth; but each starts with lower-order steps (no
-  // history yet), whose larger local error sets the global order once N is large: 2 for
-  // 3M (a first-order first step), 3 for UniPC (its corrector lifts the first step to
-  // second order). At 64 and 128 steps the observed orders lie between (measured: 3M
-  // 2.3, UniPC 2.6, UniPC 3M 3.3 from t0 = 0.9). At equal calls each is below 2M's error
-  // (64 steps from t0 = 0.9: 2M 1.8e-3, 3M 8.5e-4, UniPC 1.25e-3, UniPC 3M below 6e-4).
+  // UniPC's steps are third order (2M predictor and corrector) and fourth (3M predictor);
+  // the published 3M update is second order (its quadratic term is half the Taylor term:
+  // docs/model.md §Solvers), with a smaller constant than 2M. The first steps have no
+  // history, and at 64 and 128 steps the observed orders lie below the asymptotic ones
+  // (measured: 3M 2.3, UniPC 2.6, UniPC 3M 3.3 from t0 = 0.9). At equal calls each is below
+  // 2M's error (64 steps from t0 = 0.9: 2M 1.8e-3, 3M 8.5e-4, UniPC 1.25e-3, UniPC 3M below 6e-4).
   for (double t0 : {0.9, 1.0}) {
     const double second = solver_error(SamplerKind::dpmpp_2m, 64, t0);
     for (auto [kind, low, high] : {std::tuple{SamplerKind::dpmpp_3m, 1.9, 3.5}, std::tuple{SamplerKind::unipc, 2.3, 3.6},

@@ -9,6 +9,7 @@
 
 #include "ldlm/core/error.hpp"
 #include "ldlm/io/tokenizer.hpp"
+#include "ldlm/io/utf8.hpp"
 
 namespace ldlm {
 
@@ -21,7 +22,7 @@ inline constexpr std::string_view kMaskMarker = "<|mask|>";
 /// " sat". Anything that is not exactly the marker, such as "<|mask", is plain text.
 /// Text that is not valid UTF-8 is an InvalidArgument naming the byte offset.
 inline std::vector<std::int64_t> encode_masked_text(const Tokenizer& tokenizer, std::string_view text) {
-  if (auto bad = detail::tok::find_invalid_utf8(text))
+  if (auto bad = detail::find_invalid_utf8(text))
     throw InvalidArgument("masked text: the text is not valid UTF-8 at byte offset " + std::to_string(bad->offset) +
                           ": " + bad->reason);
   std::vector<std::int64_t> ids;
