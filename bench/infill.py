@@ -97,10 +97,15 @@ SETTINGS = ["method", "fill", "from_t", "resample", "sampler", "steps"]
 
 
 def group(runs, kind):
-    by = {}
+    """Runs of one kind by task and settings; a seed's run once (a --samplers list that
+    names the default sampler repeats the default's runs)."""
+    by, seen = {}, set()
     for r in runs:
         if r["kind"] == kind:
             key = (r.get("task"),) + tuple(r.get(k) for k in SETTINGS)
+            if key + (r.get("seed"),) in seen:
+                continue
+            seen.add(key + (r.get("seed"),))
             by.setdefault(key, []).append(r)
     return by
 

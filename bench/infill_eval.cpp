@@ -18,7 +18,8 @@
 // The runs, with seeds 0..K-1 unless said (the autoencoder is deterministic):
 //   autoencoder    the masked ids encoded and decoded (Pipeline::encode, decode_tokens)
 //   unconditional  every position masked (unconditional sampling), read at the masked positions,
-//                  with the default sampler and the --samplers
+//                  with the default sampler and the --samplers (default dpmpp-2m,unipc; the default
+//                  sampler itself is not run twice)
 //   conditioned    method × fill × from_t {1, 0.8} with seeds 0..G-1 (--grid-seeds), but the
 //                  --around method/fill/from_t with K; around it, --resample R and the
 //                  --samplers at their default steps
@@ -386,7 +387,7 @@ nlohmann::json timing(const Evaluator& eval, Index B, Index T, int rounds) {
     }
     for (const auto& info : kKnownFills) {
       const auto start = std::chrono::steady_clock::now();
-      (void)eval.pipe.known_latents(eval.ctx, ids, info.fill);
+      (void)eval.pipe.known_latents(eval.ctx, ids, info.value);
       encode_seconds[std::string(info.name)].push_back(seconds_since(start));
     }
   }
@@ -411,7 +412,7 @@ nlohmann::json timing(const Evaluator& eval, Index B, Index T, int rounds) {
   constexpr int kHookRepeats = 2000;
   for (const auto& info : kConditionMethods) {
     ConditionOptions condition;
-    condition.method = info.method;
+    condition.method = info.value;
     const SolverHooks<float> hooks = condition_hooks(known, start.data(), model.config.d_model, schedule, condition);
     std::vector<double> per_step;
     for (int r = 0; r < rounds; ++r) {
@@ -457,8 +458,8 @@ int main(int argc, char** argv) try {
   best.options.fill = find_known_fill(around[1]).value();
   best.options.from_t = std::stod(around[2]);
   std::vector<SamplerKind> samplers;
-  for (const auto& name : split(arg(args, "samplers", "dpmpp-3m,unipc")))
-    samplers.push_back(find_sampler(name).value());
+  for (const auto& name : split(arg(args, "samplers", "dpmpp-2m,unipc")))
+    if (const SamplerKind kind = find_sampler(name).value(); kind != kDefaultSampler) samplers.push_back(kind);
 
   std::optional<SafetensorsFile> file = SafetensorsFile::open(weights_path);
   LDLM<float> model(resolve_config(*file, std::nullopt));
@@ -543,7 +544,7 @@ int main(int argc, char** argv) try {
   for (const auto& task : kTasks) add({{"kind", "autoencoder"}, {"task", task}}, eval.autoencoder(task));
   for (const auto& info : kKnownFills)
     for (const auto& task : kTasks)
-      add({{"kind", "known_alone"}, {"task", task}, {"fill", info.name}}, eval.known_alone(task, info.fill));
+      add({{"kind", "known_alone"}, {"task", task}, {"fill", info.name}}, eval.known_alone(task, info.value));
 
   // Each condition with the number of seeds it runs with: the grid of methods × fills ×
   // from_t with --grid-seeds, the rows around the chosen one with --seeds.
@@ -552,8 +553,8 @@ int main(int argc, char** argv) try {
     for (const auto& m : kConditionMethods)
       for (const auto& f : kKnownFills) {
         Condition c;
-        c.options.method = m.method;
-        c.options.fill = f.fill;
+        c.options.method = m.value;
+        c.options.fill = f.value;
         c.options.from_t = from_t;
         const bool is_best = c.options.method == best.options.method && c.options.fill == best.options.fill &&
                              from_t == best.options.from_t;
@@ -593,7 +594,7 @@ int main(int argc, char** argv) try {
     add({{"kind", "prompt"}, {"seed", seed}}, eval.prompt(prompt_tokens, prompt_length, std::nullopt, options));
     for (const auto& m : kConditionMethods) {
       Condition c = best;
-      c.options.method = m.method;
+      c.options.method = m.value;
       c.sampler.seed = options.seed;
       nlohmann::json row = describe(c);
       row["kind"] = "prompt";

@@ -101,40 +101,18 @@ Trace run_traced(const SamplerOptions& o, Index B, Index T, const KnownRows<floa
                  const ConditionOptions& condition = {}) {
   const Denoiser<float>& den = small_denoiser();
   const Index d = den.config.d_model, n = B * T * d;
-  const TangentSchedule schedule = TangentSchedule::from_config(den.config);
-  const std::vector<double> times = time_grid(o.steps, den.config.t_min, schedule, o.grid);
   Trace trace;
-  trace.result = Tensor3<float>(B, T, d);
-  float* x = trace.result.data();
   const auto copy = [&](const float* v) {
     Tensor3<float> t(B, T, d);
     std::copy(v, v + n, t.data());
     return t;
   };
+  // Observers run after the condition's hooks, so they record what the solver goes on with.
+  SolverHooks<float> observers;
+  observers.on_denoised = [&](double, float* x0) { trace.x0.push_back(copy(x0)); };
+  observers.on_step = [&](double, bool, float* x) { trace.x.push_back(copy(x)); };
   Context ctx(1);
-  Arena::Scope scope(ctx.arena());
-  const DenoiserCall<float> denoise(ctx, den, B, T);
-  NormalGenerator rng(o.seed);
-  rng.fill(x, n);
-  SolverSettings settings;
-  settings.kind = o.kind;
-  settings.endpoint = o.endpoint;
-  settings.heun_self_condition = o.heun_self_condition;
-  SolverHooks<float> applied;
-  if (known && !known->rows.empty()) {
-    applied = condition_hooks(*known, x, d, schedule, condition);
-    settings.resample = condition.resample;
-  }
-  SolverHooks<float> hooks;
-  hooks.on_denoised = [&](double t, float* x0) {
-    if (applied.on_denoised) applied.on_denoised(t, x0);
-    trace.x0.push_back(copy(x0));
-  };
-  hooks.on_step = [&](double t, bool last, float* v) {
-    if (applied.on_step) applied.on_step(t, last, v);
-    trace.x.push_back(copy(v));
-  };
-  integrate<float>(denoise, settings, schedule, times, n, x, rng, ctx.arena(), hooks);
+  trace.result = detail::sample_latent_tensor("sample", ctx, den, B, T, o, nullptr, observers, known, condition);
   return trace;
 }
 

@@ -253,7 +253,6 @@ TEST(SolverHooks, AStepHookAlsoSeesUniPCsCorrectedX) {
       hook_times.push_back(t);
       values[0] = 5.0;
     };
-    std::vector<double> predicted;
     const auto times = time_grid(5, 0.05);
     integrate<double>(denoise, settings, s, times, 1, x.data(), rng, arena, hooks);
     // Steps 1 … 4 each correct the x their call saw: 5 step hooks and 4 corrector hooks.

@@ -25,10 +25,10 @@ std::string sampler_table() {
          (info.kind == kDefaultSampler ? " (default)" : "") + "\n";
   }
   s += "time grids (--schedule):\n";
-  for (const TimeGridInfo& info : kTimeGrids) {
+  for (const NamedChoice<TimeGrid>& info : kTimeGrids) {
     const std::string name(info.name);
     s += "  " + name + std::string(14 - name.size(), ' ') + std::string(info.summary) +
-         (info.grid == SamplerOptions{}.grid.grid ? " (default)" : "") + "\n";
+         (info.value == SamplerOptions{}.grid.grid ? " (default)" : "") + "\n";
   }
   return s;
 }
@@ -142,10 +142,10 @@ std::vector<Option> sampling_command_options(std::vector<Option> own, const std:
 /// The condition methods' table of the help.
 std::string condition_table() {
   std::string s = "condition methods (--method):\n";
-  for (const ConditionMethodInfo& info : kConditionMethods) {
+  for (const NamedChoice<ConditionMethod>& info : kConditionMethods) {
     const std::string name(info.name);
     s += "  " + name + std::string(14 - name.size(), ' ') + std::string(info.summary) +
-         (info.method == ConditionOptions{}.method ? " (default)" : "") + "\n";
+         (info.value == ConditionOptions{}.method ? " (default)" : "") + "\n";
   }
   return s;
 }

@@ -89,22 +89,25 @@ def plot_log(log_path: str, out_png: str) -> None:
     ae_val = [r for r in rows if "val_acc" in r]
     dn = [r for r in rows if r["phase"] == "dn" and "loss" in r]
     dn_val = [r for r in rows if any(k.startswith("val_mse") for k in r)]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    # A run started with --init-from --ae-steps 0 has the denoiser's panel only.
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2)) if ae else plt.subplots(1, 1, figsize=(6.5, 4.2))
+    axes = axes if ae else [None, axes]
     ax = axes[0]
-    ax.plot([r["step"] for r in ae], [r.get("ce", r["loss"]) for r in ae], lw=0.8,
-            label="train cross-entropy (sampled softmax)")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy")
-    ax.set_title("1. autoencoder")
-    ax2 = ax.twinx()
-    ax2.plot([r["step"] for r in ae], [r["acc"] for r in ae], lw=0.8, color="tab:green", label="train token accuracy")
-    ax2.plot([r["step"] for r in ae_val], [r["val_acc"] for r in ae_val], "o-", ms=3, color="tab:red",
-             label="held-out token accuracy (full vocabulary)")
-    ax2.set_ylim(0, 1)
-    ax2.set_ylabel("accuracy")
-    lines = ax.get_lines() + ax2.get_lines()
-    ax.legend(lines, [x.get_label() for x in lines], loc="center right", fontsize=8)
+    if ae:
+        ax.plot([r["step"] for r in ae], [r.get("ce", r["loss"]) for r in ae], lw=0.8,
+                label="train cross-entropy (sampled softmax)")
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("cross-entropy")
+        ax.set_title("1. autoencoder")
+        ax2 = ax.twinx()
+        ax2.plot([r["step"] for r in ae], [r["acc"] for r in ae], lw=0.8, color="tab:green", label="train token accuracy")
+        ax2.plot([r["step"] for r in ae_val], [r["val_acc"] for r in ae_val], "o-", ms=3, color="tab:red",
+                 label="held-out token accuracy (full vocabulary)")
+        ax2.set_ylim(0, 1)
+        ax2.set_ylabel("accuracy")
+        lines = ax.get_lines() + ax2.get_lines()
+        ax.legend(lines, [x.get_label() for x in lines], loc="center right", fontsize=8)
     ax = axes[1]
     if dn:
         ax.plot([r["step"] for r in dn], [r["loss"] for r in dn], lw=0.8, label="train MSE of x̂0 (t ~ U(0,1))")

@@ -20,6 +20,7 @@ same command again resumes. WORK/log.jsonl holds the loss curves.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -33,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 
 # Flags that define the result; a resumed run must use the same values.
-RECIPE = ("seed", "ae_steps", "dn_steps", "tokens", "min_len", "max_len", "ae_lr", "dn_lr", "warmup", "negatives",
+RECIPE = ("init_from", "seed", "ae_steps", "dn_steps", "tokens", "min_len", "max_len", "ae_lr", "dn_lr", "warmup", "negatives",
           "latent_noise", "center_weight", "self_cond", "ema", "weight_decay", "grad_clip")
 
 
@@ -43,6 +44,11 @@ def parse_args(argv=None):
     ap.add_argument("--work", default=C.RUN_DIR, help="checkpoint and log directory (default: build/train-run)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--init-from", default=None, metavar="FILE",
+                    help="start from a model file written by export.py (its autoencoder, and its denoiser as both "
+                         "the trained and the EMA weights) instead of the initialisation; with --ae-steps 0 the "
+                         "run trains the denoiser only. Use another --seed than the file's run, so that the steps "
+                         "see other windows and noise")
     ap.add_argument("--ae-steps", type=int, default=6000)
     ap.add_argument("--dn-steps", type=int, default=9000)
     ap.add_argument("--tokens", type=int, default=2048, help="tokens per batch (B = tokens // T)")
@@ -70,8 +76,12 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     if not (1 <= a.min_len <= a.max_len <= C.DEMO_CONFIG["max_positions"]):
         ap.error(f"need 1 <= --min-len <= --max-len <= max_positions = {C.DEMO_CONFIG['max_positions']}")
-    if a.ae_steps < 1 or a.dn_steps < 0:
-        ap.error("need --ae-steps >= 1 and --dn-steps >= 0")
+    if a.ae_steps < (0 if a.init_from else 1) or a.dn_steps < 0:
+        ap.error("need --ae-steps >= 1 (>= 0 with --init-from) and --dn-steps >= 0")
+    if a.init_from:
+        a.init_from = os.path.abspath(a.init_from)
+        if not os.path.isfile(a.init_from):
+            ap.error(f"--init-from {a.init_from}: no such file")
     return a
 
 
@@ -104,6 +114,7 @@ class Trainer:
         self.step = 0
         self.elapsed = 0.0  # wall seconds of training over all pieces
         self.reschedules = []  # [{"step": s, "ae_steps": [old, new], "dn_steps": [old, new]}]
+        self.init_sha256 = None  # of --init-from's file, recorded in the checkpoint
         self.val_tokens = self.heldout.windows(16, 64, torch.Generator().manual_seed(a.seed + 12345), 1.0)
 
     # ----------------------------------------------------------------- checkpoints
@@ -113,7 +124,7 @@ class Trainer:
 
     def save(self):
         state = {"step": self.step, "elapsed": self.elapsed, "recipe": {k: getattr(self.a, k) for k in RECIPE},
-                 "reschedules": self.reschedules,
+                 "reschedules": self.reschedules, "init_sha256": self.init_sha256,
                  "config": self.cfg.to_dict(), "model": C.trained_state(self.model), "ema": self.ema,
                  "opt_ae": self.opt_ae.state_dict(), "opt_dn": self.opt_dn.state_dict()}
         tmp = self.ckpt_path + ".tmp"
@@ -149,6 +160,9 @@ class Trainer:
         self.opt_ae.load_state_dict(s["opt_ae"])
         self.opt_dn.load_state_dict(s["opt_dn"])
         self.step, self.elapsed = s["step"], s["elapsed"]
+        self.init_sha256 = s.get("init_sha256")
+        if self.a.init_from and self.init_sha256 != file_sha256(self.a.init_from):
+            sys.exit(f"train: --init-from {self.a.init_from} changed since {self.ckpt_path} started from it")
         log = os.path.join(self.a.work, "log.jsonl")
         if os.path.exists(log):  # drop entries written after the checkpoint
             with open(log) as f:
@@ -156,6 +170,20 @@ class Trainer:
             with open(log, "w") as f:
                 f.writelines(keep)
         print(f"resumed from {self.ckpt_path} at step {self.step} ({self.elapsed / 60:.1f} min trained)", file=sys.stderr)
+
+    def start_from(self, path):
+        """Every trained module from an exported file; the denoiser's EMA starts at its weights."""
+        loaded, meta = C.load_model_file(path)
+        if C.config_from_json(meta["ldlm.config"]).to_dict() != self.cfg.to_dict():
+            sys.exit(f"train: --init-from {path} holds another model configuration than the demo's")
+        if int(meta["ldlm.feature_model_init_seed"]) != C.FEATURE_MODEL_SEED:
+            sys.exit(f"train: --init-from {path} has feature_model_init_seed {meta['ldlm.feature_model_init_seed']}, "
+                     f"expected {C.FEATURE_MODEL_SEED}")
+        missing, unexpected = self.model.load_state_dict(C.trained_state(loaded), strict=False)
+        assert not unexpected and all(k.startswith("feature_model.") for k in missing), (missing, unexpected)
+        self.ema = {k: v.detach().clone() for k, v in self.model.denoiser.state_dict().items()}
+        self.init_sha256 = file_sha256(path)
+        print(f"started from {path} (sha256 {self.init_sha256[:16]}…)", file=sys.stderr)
 
     # ----------------------------------------------------------------------- steps
     def batch(self, g):
@@ -231,8 +259,15 @@ class Trainer:
         a = self.a
         total = a.ae_steps + a.dn_steps
         os.makedirs(a.work, exist_ok=True)
+        fresh = not os.path.exists(self.ckpt_path)
+        if fresh and a.init_from:
+            self.start_from(a.init_from)
         self.resume()
         log = open(os.path.join(a.work, "log.jsonl"), "a")
+        if fresh and a.init_from:  # the starting point's held-out figures, for comparison with the end
+            phase = "ae" if a.ae_steps > 0 else "dn"
+            log.write(json.dumps({"step": 0, "phase": phase, **self.validate(phase)}) + "\n")
+            log.flush()
         t_start, cpu_start = time.time(), time.process_time()
         elapsed0 = self.elapsed
         window = []
@@ -327,6 +362,14 @@ class ProgressBar:
     def done(self):
         if self.tty:
             print(file=sys.stderr)
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def hms(s):

@@ -78,6 +78,7 @@ namespace detail {
 inline float scaled_value(float x, float scale) { return scale != 1.0f ? x * scale : x; }
 
 #if defined(LDLM_HAVE_X86_SIMD)
+LDLM_INTRINSICS_BEGIN
 #define LDLM_HAVE_X86_KERNELS 1
 /// float_to_bf16's arithmetic in every lane, bit for bit (the bf16 conversion
 /// instructions flush subnormals, so they are not used), with the result in the
@@ -88,7 +89,7 @@ LDLM_SIMD_KERNEL typename V::Bits bf16_high_bits(const V& v) {
   const I u = simd::bits(v);
   const I lsb = simd::shift_right_16(u) & I::set1(1);
   const I rounded = u + (lsb + I::set1(0x7fff));
-  return simd::select(simd::is_nan(v), u | I::set1(0x400000), rounded);
+  return simd::or_where(simd::is_nan(v), u, I::set1(0x400000), rounded);
 }
 
 /// V::kLanes values from x, times factor when scale_values (scale != 1, as in scaled_value).
@@ -105,12 +106,12 @@ LDLM_SIMD_KERNEL void to_bf16_simd(const float* x, std::int64_t n, bf16* y, floa
   constexpr int L = V::kLanes;
   const bool scale_values = scale != 1.0f;
   const V factor = V::set1(scale);
+  const simd::UpperHalves<V> upper_halves;
   const std::int64_t pairs = n - n % (2 * L), vectors = n - n % L;
   for (std::int64_t i = 0; i < pairs; i += 2 * L)
-    simd::store_upper_halves(y + i, bf16_high_bits(scaled_values(x + i, factor, scale_values)),
-                             bf16_high_bits(scaled_values(x + i + L, factor, scale_values)));
-  if (pairs < vectors)
-    simd::store_upper_halves(y + pairs, bf16_high_bits(scaled_values(x + pairs, factor, scale_values)));
+    upper_halves.store(y + i, bf16_high_bits(scaled_values(x + i, factor, scale_values)),
+                       bf16_high_bits(scaled_values(x + i + L, factor, scale_values)));
+  if (pairs < vectors) upper_halves.store(y + pairs, bf16_high_bits(scaled_values(x + pairs, factor, scale_values)));
   // The tail counts from `vectors`, not on from the body's counter: inlined with a
   // constant n, GCC 12 took such a tail for one that overflows and warned.
   for (std::int64_t i = vectors; i < n; ++i) y[i] = float_to_bf16(scaled_value(x[i], scale));
@@ -129,7 +130,9 @@ LDLM_SIMD_KERNEL void round_to_bf16_simd(const float* x, std::int64_t n, float* 
   for (std::int64_t i = vectors; i < n; ++i) y[i] = ldlm::round_to_bf16(scaled_value(x[i], scale));
 }
 
-__attribute__((target("avx512f,avx512bw"))) inline void to_bf16_avx512(const float* x, std::int64_t n, bf16* y,
+// Not inlined: inlined into a caller's loop, GCC 12 reloaded the permutation table of
+// UpperHalves16 on every pass (bench/bench_kernels.cpp's to_bf16 shows it).
+__attribute__((target("avx512f,avx512bw"), noinline)) inline void to_bf16_avx512(const float* x, std::int64_t n, bf16* y,
                                                                        float scale) {
   to_bf16_simd<simd::F32x16>(x, n, y, scale);
 }
@@ -152,6 +155,7 @@ __attribute__((target("avx2"))) inline void bf16_to_float_avx2(const bf16* x, st
                                 _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))), 16)));
   for (; i < n; ++i) y[i] = bf16_to_float(x[i]);
 }
+LDLM_INTRINSICS_END
 #endif
 }  // namespace detail
 

@@ -20,10 +20,27 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define LDLM_HAVE_X86_SIMD 1
+#endif
+
+// Around ldlm's own code that calls AVX-512 intrinsics: GCC 12 reports the deliberately
+// undefined operand of those intrinsics as maybe used uninitialized once they are
+// inlined, the false positive core/eigen.hpp describes (PR 105593), dozens of times per
+// translation unit built with -Wall -march=native. GCC looks the warning up at every
+// location of the inlining chain, so a chain that passes through a kernel in such a
+// region is silenced, and only those chains.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#define LDLM_INTRINSICS_BEGIN                                     \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define LDLM_INTRINSICS_END _Pragma("GCC diagnostic pop")
+#else
+#define LDLM_INTRINSICS_BEGIN
+#define LDLM_INTRINSICS_END
 #endif
 
 /// A kernel template: inlined into its entry point, whose target it takes.
@@ -37,6 +54,7 @@
 #define LDLM_AVX512_BW __attribute__((target("avx512f,avx512bw")))
 
 namespace ldlm::simd {
+LDLM_INTRINSICS_BEGIN
 
 /// 32-bit integer lanes: the bits of the float lanes of F32x8 / F32x16.
 struct I32x8 {
@@ -164,6 +182,12 @@ LDLM_AVX512 inline I32x16 select(F32x16::Mask m, I32x16 a, I32x16 b) {
   return {_mm512_mask_blend_epi32(m.m, b.v, a.v)};
 }
 LDLM_AVX512 inline F32x16 zero_unless(F32x16::Mask m, F32x16 a) { return {_mm512_maskz_mov_ps(m.m, a.v)}; }
+/// m ? (a | b) : otherwise, lane by lane: one masked instruction on AVX-512, where
+/// select(m, a | b, otherwise) costs two.
+LDLM_AVX2 inline I32x8 or_where(F32x8::Mask m, I32x8 a, I32x8 b, I32x8 otherwise) { return select(m, a | b, otherwise); }
+LDLM_AVX512 inline I32x16 or_where(F32x16::Mask m, I32x16 a, I32x16 b, I32x16 otherwise) {
+  return {_mm512_mask_or_epi32(otherwise.v, m.m, a.v, b.v)};
+}
 
 // Powers of two; k holds integers.
 /// p · 2^k rounded once, to a subnormal, zero or infinity at the ends (vscalefps).
@@ -193,26 +217,37 @@ LDLM_AVX512 inline F32x16 add_to_exponent(F32x16 p, F32x16 k) {
       _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p.v), _mm512_slli_epi32(_mm512_cvtps_epi32(k.v), 23)))};
 }
 
-// bfloat16 stores. Each lane of a holds a bf16 value in its upper 16 bits.
-/// The upper halves of a's lanes, then of b's: 2 · kLanes bf16 values to `to`.
-LDLM_AVX2 inline void store_upper_halves(void* to, I32x8 a, I32x8 b) {
-  // packus works within 128-bit lanes: [a 0-3, b 0-3, a 4-7, b 4-7], reordered.
-  const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(a.v, 16), _mm256_srli_epi32(b.v, 16));
-  _mm256_storeu_si256(static_cast<__m256i*>(to), _mm256_permute4x64_epi64(packed, 0xd8));
-}
-LDLM_AVX2 inline void store_upper_halves(void* to, I32x8 a) {
-  const __m256i low = _mm256_srli_epi32(a.v, 16);
-  _mm_storeu_si128(static_cast<__m128i*>(to),
-                   _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(low, low), 0xd8)));
-}
-LDLM_AVX512_BW inline void store_upper_halves(void* to, I32x16 a, I32x16 b) {
-  const __m512i odd_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
-                                              27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  _mm512_storeu_si512(to, _mm512_permutex2var_epi16(a.v, odd_halves, b.v));
-}
-LDLM_AVX512 inline void store_upper_halves(void* to, I32x16 a) {
-  _mm256_storeu_si256(static_cast<__m256i*>(to), _mm512_cvtepi32_epi16(_mm512_srli_epi32(a.v, 16)));
-}
+// bfloat16 stores. Each lane of a holds a bf16 value in its upper 16 bits. A kernel
+// makes its UpperHalves once, before its loop: GCC reloads AVX-512's permutation table
+// on every pass when the table is made inside the loop.
+struct UpperHalves8 {
+  /// The upper halves of a's lanes, then of b's: 16 bf16 values to `to`.
+  LDLM_AVX2 void store(void* to, I32x8 a, I32x8 b) const {
+    // packus works within 128-bit lanes: [a 0-3, b 0-3, a 4-7, b 4-7], reordered.
+    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(a.v, 16), _mm256_srli_epi32(b.v, 16));
+    _mm256_storeu_si256(static_cast<__m256i*>(to), _mm256_permute4x64_epi64(packed, 0xd8));
+  }
+  LDLM_AVX2 void store(void* to, I32x8 a) const {
+    const __m256i low = _mm256_srli_epi32(a.v, 16);
+    _mm_storeu_si128(static_cast<__m128i*>(to),
+                     _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(low, low), 0xd8)));
+  }
+};
+struct UpperHalves16 {
+  __m512i odd_halves;
+  LDLM_AVX512_BW UpperHalves16()
+      : odd_halves(_mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23,
+                                    21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1)) {}
+  LDLM_AVX512_BW void store(void* to, I32x16 a, I32x16 b) const {
+    _mm512_storeu_si512(to, _mm512_permutex2var_epi16(a.v, odd_halves, b.v));
+  }
+  LDLM_AVX512 void store(void* to, I32x16 a) const {
+    _mm256_storeu_si256(static_cast<__m256i*>(to), _mm512_cvtepi32_epi16(_mm512_srli_epi32(a.v, 16)));
+  }
+};
+/// The UpperHalves of V's lane count.
+template <class V>
+using UpperHalves = std::conditional_t<V::kLanes == 8, UpperHalves8, UpperHalves16>;
 
 // Kernels' building blocks.
 /// Lanes through memory, in lane order: the same order for every vector width when a
@@ -255,5 +290,6 @@ LDLM_SIMD_KERNEL V horner(const V& x, const float (&c)[N]) {
   return p[0];
 }
 
+LDLM_INTRINSICS_END
 }  // namespace ldlm::simd
 #endif

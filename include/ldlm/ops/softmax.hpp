@@ -53,6 +53,7 @@ S exp_shifted_capped_generic(S* scores, Index n, S cap) {
 }
 
 #if defined(LDLM_HAVE_AVX512_SOFTMAX)
+LDLM_INTRINSICS_BEGIN
 namespace softmax_simd {
 using simd::abs;
 using simd::any;
@@ -357,6 +358,7 @@ __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16"))) inline void soft
                zero_unless(high, V::load(high, scores + j + 16) * inverse));
   }
 }
+LDLM_INTRINSICS_END
 #endif
 
 }  // namespace detail

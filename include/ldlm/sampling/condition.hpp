@@ -34,49 +34,37 @@ enum class KnownFill {
   separate,  // nothing: each maximal run of known positions is encoded alone
 };
 
-struct ConditionMethodInfo {
-  ConditionMethod method;
-  std::string_view name;  // as the CLI spells it
-  std::string_view summary;
-};
-
-inline constexpr std::array<ConditionMethodInfo, 3> kConditionMethods{{
+inline constexpr std::array<NamedChoice<ConditionMethod>, 3> kConditionMethods{{
     {ConditionMethod::x0, "x0", "replace the denoiser's x0 at the known positions, after every call"},
     {ConditionMethod::x, "x", "replace x at the known positions by the noised known latents, after every step"},
     {ConditionMethod::both, "both", "both replacements"},
 }};
 
-struct KnownFillInfo {
-  KnownFill fill;
-  std::string_view name;
-  std::string_view summary;
-};
-
-inline constexpr std::array<KnownFillInfo, 3> kKnownFills{{
+inline constexpr std::array<NamedChoice<KnownFill>, 3> kKnownFills{{
     {KnownFill::mask, "mask", "encode the known text with the mask id at the free positions"},
     {KnownFill::pad, "pad", "encode the known text with the pad id at the free positions"},
     {KnownFill::separate, "separate", "encode each run of known positions alone"},
 }};
 
 inline std::optional<ConditionMethod> find_condition_method(std::string_view name) {
-  if (const auto* info = detail::find_named(kConditionMethods, name)) return info->method;
+  if (const auto* info = detail::find_named(kConditionMethods, name)) return info->value;
   return std::nullopt;
 }
 inline std::string condition_method_names(std::string_view separator = ", ") {
   return detail::joined_names(kConditionMethods, separator);
 }
 inline std::optional<KnownFill> find_known_fill(std::string_view name) {
-  if (const auto* info = detail::find_named(kKnownFills, name)) return info->fill;
+  if (const auto* info = detail::find_named(kKnownFills, name)) return info->value;
   return std::nullopt;
 }
 inline std::string known_fill_names(std::string_view separator = ", ") {
   return detail::joined_names(kKnownFills, separator);
 }
-inline const ConditionMethodInfo& condition_method_info(ConditionMethod method) {
-  return detail::info_of(kConditionMethods, &ConditionMethodInfo::method, method, "condition: unknown ConditionMethod");
+inline const NamedChoice<ConditionMethod>& condition_method_info(ConditionMethod method) {
+  return detail::info_of(kConditionMethods, &NamedChoice<ConditionMethod>::value, method, "condition: unknown ConditionMethod");
 }
-inline const KnownFillInfo& known_fill_info(KnownFill fill) {
-  return detail::info_of(kKnownFills, &KnownFillInfo::fill, fill, "condition: unknown KnownFill");
+inline const NamedChoice<KnownFill>& known_fill_info(KnownFill fill) {
+  return detail::info_of(kKnownFills, &NamedChoice<KnownFill>::value, fill, "condition: unknown KnownFill");
 }
 
 /// How a condition is applied, chosen by the measurement of docs/model.md §Conditioning.

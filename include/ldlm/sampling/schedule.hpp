@@ -109,6 +109,15 @@ std::string joined_names(const Table& table, std::string_view separator) {
 }
 }  // namespace detail
 
+/// One entry of a table of named choices (kTimeGrids, kConditionMethods, kKnownFills):
+/// the value, its name as the CLI spells it, and a line for the help.
+template <class E>
+struct NamedChoice {
+  E value;
+  std::string_view name;
+  std::string_view summary;
+};
+
 /// The spacing of a sampling time grid (docs/model.md §Time grids).
 enum class TimeGrid {
   uniform,  // even in t
@@ -116,25 +125,19 @@ enum class TimeGrid {
   karras,   // even in (σ/α)^(1/ρ) after the first step (Karras et al. 2022)
 };
 
-struct TimeGridInfo {
-  TimeGrid grid;
-  std::string_view name;  // as the CLI spells it
-  std::string_view summary;
-};
-
-inline constexpr std::array<TimeGridInfo, 3> kTimeGrids{{
+inline constexpr std::array<NamedChoice<TimeGrid>, 3> kTimeGrids{{
     {TimeGrid::uniform, "uniform", "even in t"},
     {TimeGrid::lambda, "lambda", "even in log(alpha/sigma) after the first step"},
     {TimeGrid::karras, "karras", "Karras' rho-grid in sigma/alpha after the first step"},
 }};
 
-inline const TimeGridInfo& time_grid_info(TimeGrid grid) {
-  return detail::info_of(kTimeGrids, &TimeGridInfo::grid, grid, "time grid: unknown TimeGrid");
+inline const NamedChoice<TimeGrid>& time_grid_info(TimeGrid grid) {
+  return detail::info_of(kTimeGrids, &NamedChoice<TimeGrid>::value, grid, "time grid: unknown TimeGrid");
 }
 
 /// The grid named `name`, if there is one.
 inline std::optional<TimeGrid> find_time_grid(std::string_view name) {
-  if (const auto* info = detail::find_named(kTimeGrids, name)) return info->grid;
+  if (const auto* info = detail::find_named(kTimeGrids, name)) return info->value;
   return std::nullopt;
 }
 
