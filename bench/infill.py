@@ -3,6 +3,7 @@
 the sentences for bench/infill_eval.cpp (ldlm_infill_eval) and the report of its results.
 
   python3 bench/infill.py sentences --data build/train-data --out build/infill/sentences.tsv
+  cmake --build build/default --target ldlm_infill_eval
   build/default/bench/ldlm_infill_eval --sentences build/infill/sentences.tsv --output build/infill/raw.json
   python3 bench/infill.py render build/infill/raw.json --out bench/results/infill-amd-epyc-zen5
 
@@ -253,6 +254,7 @@ def render(raw_path, out):
              "docs/model.md §Conditioning. Commands:", "", "```sh",
              "/usr/bin/python3 tools/train/prepare_data.py   # the corpus, with its held-out split",
              "python3 bench/infill.py sentences --data build/train-data --out build/infill/sentences.tsv",
+             "cmake --build build/default --target ldlm_infill_eval\n"
              "build/default/bench/ldlm_infill_eval --sentences build/infill/sentences.tsv "
              f"--output build/infill/raw.json --seeds {meta['seeds']} --grid-seeds {meta['grid_seeds']} --around "
              f"{meta['around']['method']},{meta['around']['fill']},{meta['around']['from_t']:g} --threads 1",
