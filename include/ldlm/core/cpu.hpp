@@ -28,8 +28,12 @@ struct CpuFeatures {
   /// The features that matter to ldlm's kernels, e.g. "avx2 fma avx512f ... amx_bf16".
   std::string summary() const {
     std::string s;
+    // Appended piece by piece: `"" + std::string(name)` made GCC 12 report a false
+    // -Wrestrict (its PR 105329) in a build without oneDNN.
     auto add = [&](bool on, const char* name) {
-      if (on) s += (s.empty() ? "" : " ") + std::string(name);
+      if (!on) return;
+      if (!s.empty()) s += ' ';
+      s += name;
     };
     add(avx2, "avx2");
     add(fma, "fma");
