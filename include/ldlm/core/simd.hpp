@@ -218,8 +218,8 @@ LDLM_AVX512 inline F32x16 add_to_exponent(F32x16 p, F32x16 k) {
 }
 
 // bfloat16 stores. Each lane of a holds a bf16 value in its upper 16 bits. A kernel
-// makes its UpperHalves once, before its loop: GCC reloads AVX-512's permutation table
-// on every pass when the table is made inside the loop.
+// makes its UpperHalves once, before its loop, so that AVX-512's permutation table is
+// built once per call instead of being left to the compiler to hoist.
 struct UpperHalves8 {
   /// The upper halves of a's lanes, then of b's: 16 bf16 values to `to`.
   LDLM_AVX2 void store(void* to, I32x8 a, I32x8 b) const {
