@@ -6,6 +6,7 @@ the sentences for bench/infill_eval.cpp (ldlm_infill_eval) and the report of its
   cmake --build build/default --target ldlm_infill_eval
   build/default/bench/ldlm_infill_eval --sentences build/infill/sentences.tsv --output build/infill/raw.json
   python3 bench/infill.py render build/infill/raw.json --out bench/results/infill-amd-epyc-zen5
+  /usr/bin/python3 bench/infill.py bigram build/infill/raw.json --data build/train-data --out bench/results/infill-bigram
 
 `sentences` writes the candidates, "source<TAB>key<TAB>text" per line: of each held-out
 document of tools/train/prepare_data.py's corpus (build/train-data/docs.jsonl), its first
@@ -13,6 +14,9 @@ sentence that is plain ASCII prose of 6 to 40 words ending in . ! or ?; each sou
 order of FNV-1a-64(source, key) (prepare_data.py's hash), then every line of
 tools/train/modern_english.txt in file order. ldlm_infill_eval tokenizes them and keeps the
 first --per-source of each source that fit.
+
+`bigram` scores the one-word task with a bigram model of the training stream (a reference
+point for exact recovery: what the corpus's word statistics alone give), to <out>.md.
 
 `render` writes <out>.md and <out>.json (the figures, without the per-sentence fills): exact
 recovery of the masked tokens, the dictionary-word share of the fills (the model card's
@@ -397,6 +401,73 @@ def render(raw_path, out):
         json.dump(result, f, indent=1)
     print(f"wrote {out}.md and .json")
 
+# ---------------------------------------------------------------------- bigram baseline
+def bigram_baseline(raw_path, data_dir, out):
+    """Each masked word of the one-word task filled with the one token w that maximises
+    C(left, w) · C(w, right) / C(w) over the training stream's bigram counts (left only
+    at the sentence's end). Words of several tokens count as misses."""
+    import numpy as np
+    from common import encode  # noqa: E402 (the training stack: torch and the reference tokenizer)
+
+    with open(raw_path) as f:
+        sentences = json.load(f)["sentences"]
+    stream = np.fromfile(os.path.join(data_dir, "train.tokens.u16"), dtype=np.uint16).astype(np.int64)
+    vocab = int(stream.max()) + 1
+    unigram = np.bincount(stream, minlength=vocab)
+    pairs, counts = np.unique(stream[:-1] * vocab + stream[1:], return_counts=True)
+    followers, leaders = {}, {}
+    for pair, count in zip(pairs.tolist(), counts.tolist()):
+        left, right = divmod(pair, vocab)
+        followers.setdefault(left, {})[right] = count
+        leaders.setdefault(right, {})[left] = count
+
+    words = load_dictionary()
+    exact = single = 0
+    fills = []
+    for s, ids in zip(sentences, encode([s["text"] for s in sentences])):
+        m = s["masks"]["word"]
+        start, length = m["start"], m["length"]
+        single += length == 1
+        right = ids[start + length] if start + length < len(ids) else None
+        candidates = followers.get(ids[start - 1], {})
+
+        def score(w):
+            if right is None:
+                return candidates[w]
+            return candidates[w] * leaders.get(right, {}).get(w, 0) / unigram[w]
+
+        best = max(candidates, key=score) if candidates else None
+        exact += best is not None and [best] == ids[start:start + length]
+        fills.append([best] if best is not None else [])
+    from common import decode  # noqa: E402
+    texts = decode(fills)
+    n = len(sentences)
+    whole = sum(is_whole_word(t, words) for t in texts) if words else float("nan")
+    lines = [
+        "# Infill reference point: a bigram model of the training stream",
+        "",
+        f"The one-word task of `{os.path.basename(raw_path)}`'s {n} sentences (bench/infill.py; "
+        f"{single} of the masked words are one GPT-2 token). Each masked word is filled with the one "
+        "token w that maximises C(left, w) · C(w, right) / C(w), with the counts of the "
+        f"{stream.size:,} tokens of tools/train's training stream (the held-out sentences are not "
+        "in it); a word of several tokens is a miss. Written by:",
+        "",
+        "```sh",
+        f"/usr/bin/python3 bench/infill.py bigram {raw_path} --data {data_dir} --out {out}",
+        "```",
+        "",
+        "| | exact | whole word |",
+        "|---|---|---|",
+        f"| bigram, both sides | {pct(exact / n)} | {pct(whole / n)} |",
+        "",
+        "The figure is what the corpus's word statistics alone allow; the diffusion model's "
+        "conditioned fills are in infill-amd-epyc-zen5.md.",
+        "",
+    ]
+    with open(out + ".md", "w") as f:
+        f.write("\n".join(lines))
+    print(f"wrote {out}.md: exact {pct(exact / n)}, whole word {pct(whole / n)}")
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -407,9 +478,15 @@ def main():
     r = sub.add_parser("render", help="write the report from ldlm_infill_eval's JSON")
     r.add_argument("results")
     r.add_argument("--out", required=True, help="path without extension: writes .md and .json")
+    b = sub.add_parser("bigram", help="the bigram reference point for the one-word task")
+    b.add_argument("results", help="ldlm_infill_eval's JSON (its sentences and masks)")
+    b.add_argument("--data", default=os.path.join(HERE, "..", "build", "train-data"))
+    b.add_argument("--out", required=True, help="path without extension: writes .md")
     a = ap.parse_args()
     if a.command == "sentences":
         write_sentences(a.data, a.out)
+    elif a.command == "bigram":
+        bigram_baseline(a.results, a.data, a.out)
     else:
         render(a.results, a.out)
 
