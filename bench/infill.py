@@ -407,7 +407,7 @@ def bigram_baseline(raw_path, data_dir, out):
     C(left, w) · C(w, right) / C(w) over the training stream's bigram counts (left only
     at the sentence's end). Words of several tokens count as misses."""
     import numpy as np
-    from common import encode  # noqa: E402 (the training stack: torch and the reference tokenizer)
+    from common import decode, encode  # noqa: E402 (the training stack: torch and the reference tokenizer)
 
     with open(raw_path) as f:
         sentences = json.load(f)["sentences"]
@@ -439,7 +439,6 @@ def bigram_baseline(raw_path, data_dir, out):
         best = max(candidates, key=score) if candidates else None
         exact += best is not None and [best] == ids[start:start + length]
         fills.append([best] if best is not None else [])
-    from common import decode  # noqa: E402
     texts = decode(fills)
     n = len(sentences)
     whole = sum(is_whole_word(t, words) for t in texts) if words else float("nan")
