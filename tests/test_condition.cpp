@@ -195,7 +195,7 @@ TEST(Condition, ResamplingCostsItsCallsAndKeepsTheGivenIds) {
   o.steps = 3;
   ConditionOptions c;
   c.resample = 2;
-  SamplingStats stats;
+  GenerationStats stats;
   const TokenTensor tokens = pipeline.generate(ctx, ids, o, c, &stats);
   // The step from t = 1 once, the two others three times each, two calls per attempt.
   EXPECT_EQ(stats.denoiser_calls, 2 * (1 + 2 * 3));

@@ -311,7 +311,7 @@ TEST(Generate, ProgressSeesEveryStepAndCanCancel) {
     EXPECT_EQ(p.total_calls, 5);
     return true;
   };
-  SamplingStats stats;
+  GenerationStats stats;
   pipeline.generate(ctx, 1, 4, o, &stats);
   EXPECT_EQ(seen, (std::vector<std::pair<int, int>>{{1, 5}, {2, 5}, {3, 5}, {4, 5}, {5, 5}}));
   EXPECT_EQ(stats.steps, 5);

@@ -34,6 +34,10 @@ class LDLM {
   void visit(const std::string& prefix, F&& f);
 };
 
+/// The model as callers run it: fp32 activations (bf16 is a precision of the products,
+/// chosen at load, not a scalar type). LDLM<double> serves the tests.
+using Model = LDLM<float>;
+
 /// The one table of LDLM's modules: calls f(name, module) for each, in state-dict
 /// order. The name (a std::string_view) is the module class's kName, its state-dict
 /// prefix without the dot.

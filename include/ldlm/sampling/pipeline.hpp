@@ -12,6 +12,9 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <vector>
 
 #include "ldlm/model/model.hpp"
 #include "ldlm/ops/argmax.hpp"
@@ -57,6 +60,26 @@ struct Reconstruction {
   Tensor3<S> hidden;    // [B, T, d]
   Tensor3<S> logits;    // [B, T, V]
   TokenTensor tokens;   // [B, T]
+};
+
+/// What a preview sees after each solver step: the tokens the step's latest x̂0 decodes
+/// to, with every known id as given. It runs on the calling thread, between steps.
+struct StepTokens {
+  SamplingProgress progress;  // steps and denoiser calls done, of all
+  double t = 1;               // the time of the step's latest denoiser call
+  const TokenTensor& tokens;  // [B, T]
+};
+/// Called after every step; returning false cancels sampling (SamplingCancelled). Each
+/// call costs a decode of the whole batch (the latent and token decoders), which the
+/// sampling loop does not otherwise run: docs/library.md gives the measured share.
+using TokenPreview = std::function<bool(const StepTokens&)>;
+
+/// Where a generation's time went, stage by stage, besides the sampler's counts.
+struct GenerationStats : SamplingStats {
+  double encode_seconds = 0;   // the known tokens to latents (0 without known tokens)
+  double sample_seconds = 0;   // the solver's steps and denoiser calls, previews excluded
+  double preview_seconds = 0;  // decoding the previews
+  double decode_seconds = 0;   // the final latents to tokens
 };
 
 /// Runs the LDLM stages. Holds a reference: the model must outlive the pipeline.
@@ -180,24 +203,93 @@ class Pipeline {
   /// Tokens [B, T] given the known tokens `ids`: sample, decode, and give every known
   /// position its given id (the decoded id there is the model's reading of its latent,
   /// which may differ).
+  /// `preview`, if set, sees the tokens of every step's x̂0 (TokenPreview).
   TokenTensor generate(Context& ctx, const TokenTensor& ids, const SamplerOptions& options,
-                       const ConditionOptions& condition, SamplingStats* stats = nullptr) const {
-    TokenTensor tokens = decode_tokens(ctx, sample(ctx, ids, options, condition, stats));
-    const std::int64_t mask = mask_id(model_->config);
-    for (Index r = 0; r < tokens.size(); ++r)
-      if (ids.data()[r] != mask) tokens.data()[r] = ids.data()[r];
-    return tokens;
+                       const ConditionOptions& condition, GenerationStats* stats = nullptr,
+                       const TokenPreview& preview = {}) const {
+    check_condition_ids("generate", model_->config, ids);
+    check_condition_options("generate", condition);
+    const Index B = ids.dimension(0), T = ids.dimension(1);
+    check_sampling_arguments("generate", model_->config, B, T, options.steps);
+    GenerationStats local;
+    GenerationStats& s = stats ? *stats : local;
+    s = GenerationStats{};
+    Stopwatch clock;
+    const KnownRows<S> known = known_latents(ctx, ids, condition.fill);
+    s.encode_seconds = clock.lap();
+    return generate_from(ctx, &ids, B, T, options, &known, condition, s, preview);
   }
 
   /// B sequences of T tokens: sample, then decode. Throws InvalidArgument for B < 1,
   /// T outside [1, max_positions] or steps < 1, SamplingCancelled if the progress
   /// callback returns false.
   TokenTensor generate(Context& ctx, Index B, Index T, const SamplerOptions& options,
-                       SamplingStats* stats = nullptr) const {
-    return decode_tokens(ctx, sample(ctx, B, T, options, stats));
+                       GenerationStats* stats = nullptr, const TokenPreview& preview = {}) const {
+    check_sampling_arguments("generate", model_->config, B, T, options.steps);
+    GenerationStats local;
+    GenerationStats& s = stats ? *stats : local;
+    s = GenerationStats{};
+    return generate_from(ctx, nullptr, B, T, options, nullptr, {}, s, preview);
   }
 
  private:
+  class Stopwatch {
+   public:
+    /// Seconds since the last lap (or the start).
+    double lap() {
+      const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - last_).count();
+      last_ = now;
+      return seconds;
+    }
+
+   private:
+    std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  };
+
+  /// Every id of `ids` but the mask id written over `tokens` (both [B, T]).
+  void keep_known(const TokenTensor* ids, TokenTensor& tokens) const {
+    if (!ids) return;
+    const std::int64_t mask = mask_id(model_->config);
+    for (Index r = 0; r < tokens.size(); ++r)
+      if (ids->data()[r] != mask) tokens.data()[r] = ids->data()[r];
+  }
+
+  /// Samples (with `known` rows when given), decodes, and puts the known ids back; the
+  /// preview decodes the latest x̂0 after every step.
+  TokenTensor generate_from(Context& ctx, const TokenTensor* ids, Index B, Index T, SamplerOptions options,
+                            const KnownRows<S>* known, const ConditionOptions& condition, GenerationStats& s,
+                            const TokenPreview& preview) const {
+    Stopwatch clock;
+    SolverHooks<S> observers;
+    if (preview) {
+      // The latest x̂0 is kept from each call (n values, copied: the solver reuses its
+      // buffer), and decoded once its step is done.
+      auto latest = std::make_shared<Tensor3<S>>(B, T, model_->config.d_model);
+      auto t_latest = std::make_shared<double>(1.0);
+      observers.on_denoised = [latest, t_latest](double t, S* x0) {
+        std::copy(x0, x0 + latest->size(), latest->data());
+        *t_latest = t;
+      };
+      options.progress = [&, latest, t_latest, progress = std::move(options.progress)](const SamplingProgress& p) {
+        if (progress && !progress(p)) return false;
+        Stopwatch preview_clock;
+        TokenTensor tokens = decode_tokens(ctx, *latest);
+        keep_known(ids, tokens);
+        const bool go_on = preview(StepTokens{p, *t_latest, tokens});
+        s.preview_seconds += preview_clock.lap();
+        return go_on;
+      };
+    }
+    const Tensor3<S> z =
+        detail::sample_latent_tensor("generate", ctx, model_->denoiser, B, T, options, &s, observers, known, condition);
+    s.sample_seconds = clock.lap() - s.preview_seconds;
+    TokenTensor tokens = decode_tokens(ctx, z);
+    keep_known(ids, tokens);
+    s.decode_seconds = clock.lap();
+    return tokens;
+  }
+
   static constexpr Index kLogitRows = 128;
   const LDLM<S>* model_;
 };
