@@ -3,10 +3,16 @@
 include_guard(GLOBAL)
 
 # ldlm_setup_executable(<target>)
-#   Links ldlm::ldlm and applies the project's compile settings: C++20,
-#   -Wall -Wextra -Wpedantic, and -march=native when LDLM_NATIVE is ON.
+#   Links ldlm::ldlm and applies the project's compile settings (ldlm_setup_target).
 function(ldlm_setup_executable target)
   target_link_libraries(${target} PRIVATE ldlm::ldlm)
+  ldlm_setup_target(${target})
+endfunction()
+
+# ldlm_setup_target(<target>)
+#   The project's compile settings for a target ldlm compiles: C++20, -Wall -Wextra
+#   -Wpedantic, and -march=native when LDLM_NATIVE is ON.
+function(ldlm_setup_target target)
   target_compile_features(${target} PRIVATE cxx_std_20)
   set_target_properties(${target} PROPERTIES CXX_EXTENSIONS OFF)
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
@@ -114,5 +120,6 @@ std::optional<std::string_view> find(std::string_view key) {
 ]=])
   target_sources(${target} PRIVATE "${dir}/ldlm_embedded.cpp")
   set_source_files_properties("${dir}/ldlm_embedded.cpp" TARGET_DIRECTORY ${target} PROPERTIES OBJECT_DEPENDS "${paths}")
-  target_include_directories(${target} PRIVATE "${dir}")
+  # Programs that link <target> find the header too (ldlm's CLI uses ldlm::text's files).
+  target_include_directories(${target} PUBLIC "$<BUILD_INTERFACE:${dir}>")
 endfunction()

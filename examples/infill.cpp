@@ -1,45 +1,33 @@
-// Filling masked tokens with the library API (docs/model.md §Conditioning).
+// Filling gaps with the text API (docs/model.md §Conditioning).
 //
-//   example_infill WEIGHTS.safetensors TOKENIZER_DIR ["TEXT with <|mask|> markers"]
+//   example_infill ["TEXT with <|mask|> markers" [WEIGHTS.safetensors [TOKENIZER_DIR]]]
 //
-// For example, with the demo model and GPT-2's tokenizer files of this repository:
-//   example_infill tools/assets/ldlm-demo/ldlm-demo.safetensors tools/assets/gpt2
-//       "The children played in the <|mask|> after school."   (one command line)
-// Loads every module (encoding the known text needs the feature model and the encoder),
-// turns the text into ids with one mask id per marker, samples the masked positions with
-// the default sampler and condition, and prints two samples.
+// Each <|mask|> is one token position to sample; every other token is kept. Prints
+// three samples of the text, filled by the built-in demo model or by the model of
+// WEIGHTS, then the same on token ids, for callers that tokenize themselves.
+#include <ldlm/text_model.hpp>
+
 #include <cstdio>
 #include <exception>
 #include <string>
 
-#include "ldlm/io/masked_text.hpp"
-#include "ldlm/ldlm.hpp"
-
 int main(int argc, char** argv) try {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: example_infill WEIGHTS.safetensors TOKENIZER_DIR [\"TEXT with <|mask|>\"]\n");
-    return 2;
+  const std::string text = argc > 1 ? argv[1] : "The children played in the <|mask|> after school.";
+  const ldlm::TextModel lm =
+      argc > 2 ? ldlm::TextModel::open(argv[2], argc > 3 ? argv[3] : "") : ldlm::TextModel::demo();
+
+  for (const std::string& filled : lm.infill(text, {.batch = 3})) std::printf("%s\n", filled.c_str());
+
+  // The same on ids: the mask id (vocab_size - 1) at each position to fill.
+  ldlm::TokenIds ids = lm.tokenize("The children played in the");
+  ids.push_back(lm.info().mask_id);
+  for (const std::int64_t id : lm.tokenize(" after school.")) ids.push_back(id);
+  for (const ldlm::TokenIds& sample : lm.infill_ids(ids)) {
+    for (const std::int64_t id : sample) std::printf("%lld ", static_cast<long long>(id));
+    std::printf("\n");
   }
-  const ldlm::LDLM<float> model = ldlm::load_model(argv[1]);
-  const ldlm::Tokenizer tokenizer = ldlm::Tokenizer::load(argv[2]);
-  const std::string text = argc > 3 ? argv[3] : "The children played in the <|mask|> after school.";
-  const std::vector<std::int64_t> ids = ldlm::encode_masked_text(tokenizer, text);
-
-  const ldlm::Index B = 2, T = static_cast<ldlm::Index>(ids.size());
-  ldlm::TokenTensor known(B, T);  // the same known tokens for both samples
-  for (ldlm::Index b = 0; b < B; ++b)
-    for (ldlm::Index t = 0; t < T; ++t) known(b, t) = ids[static_cast<std::size_t>(t)];
-
-  ldlm::Context ctx(1);
-  ldlm::SamplerOptions options;      // the default sampler; the noise differs per sample
-  ldlm::ConditionOptions condition;  // the default method: see docs/model.md §Conditioning
-  ldlm::SamplingStats stats;
-  const ldlm::TokenTensor tokens = ldlm::Pipeline<float>(model).generate(ctx, known, options, condition, &stats);
-  for (ldlm::Index b = 0; b < B; ++b)
-    std::printf("%s\n", tokenizer.decode({tokens.data() + b * T, static_cast<std::size_t>(T)}).c_str());
-  std::printf("(%d denoiser calls)\n", stats.denoiser_calls);
   return 0;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "infill: %s\n", e.what());
+  std::fprintf(stderr, "example_infill: %s\n", e.what());
   return 1;
 }

@@ -9,7 +9,10 @@
 //   sampling/ the diffusion schedule, the solvers, conditioning on known latents, the
 //             sampler and the end-to-end pipeline
 //   io/       the strict JSON reader, safetensors reading/writing, parameters by
-//             state-dict name, GPT-2's tokenizer
+//             state-dict name, GPT-2's tokenizer, text with <|mask|> markers
+// and text_model.hpp, the text API (ldlm::TextModel), whose definitions are compiled
+// once into the CMake target ldlm::text: a program that needs only text in and out
+// includes <ldlm/text_model.hpp> alone, and compiles in about a second.
 #pragma once
 
 #include "ldlm/core/compare.hpp"
@@ -29,6 +32,8 @@
 #include "ldlm/sampling/pipeline.hpp"
 #include "ldlm/sampling/sampler.hpp"
 #include "ldlm/sampling/schedule.hpp"
+#include "ldlm/io/masked_text.hpp"
 #include "ldlm/io/safetensors.hpp"
 #include "ldlm/io/state_dict.hpp"
 #include "ldlm/io/tokenizer.hpp"
+#include "ldlm/text_model.hpp"

@@ -29,9 +29,6 @@
 
 namespace ldlm {
 
-/// The marker of one token position to fill in infill's text.
-inline constexpr std::string_view kTextMask = "<|mask|>";
-
 /// One sample's token ids.
 using TokenIds = std::vector<std::int64_t>;
 
@@ -42,8 +39,8 @@ struct TextStep {
   double t = 1;                             // the diffusion time of the step's latest denoiser call
   /// One per sample: what the step's current estimate x̂0 decodes to, the whole
   /// sequence, with every given token as given.
-  std::span<const std::string> texts;
-  std::span<const TokenIds> ids;
+  std::span<const std::string> texts = {};
+  std::span<const TokenIds> ids = {};
 };
 
 /// Where a call's time went. Filled when TextOptions::timings points here.
@@ -58,7 +55,8 @@ struct TextTimings {
 };
 
 /// Options of every call. Each has a default, so `{}` works, and so do designated
-/// initializers in declaration order: {.length = 64, .seed = 3, .steps = 20}. An
+/// initializers in declaration order: {.length = 64, .seed = 3, .steps = 20}. (Every
+/// member has an initializer, so GCC's -Wmissing-field-initializers stays quiet.) An
 /// empty name or a 0 means the library's default, as `ldlm generate --help` shows it.
 /// A field out of range throws InvalidArgument naming the field, the value and the
 /// allowed range.
@@ -66,18 +64,18 @@ struct TextOptions {
   int length = 32;         // positions to generate (generate, continue_text), 1..max_positions
   int batch = 1;           // samples, 1..65536
   std::uint64_t seed = 0;  // noise seed; the same seed, options and threads give the same text
-  std::string suffix;      // continue_text and generate: the text every sample ends with
-  std::string sampler;     // the solver: "dpmpp-3m" (default), "unipc", "heun", ...
+  std::string suffix = {};      // continue_text and generate: the text every sample ends with
+  std::string sampler = {};     // the solver: "dpmpp-3m" (default), "unipc", "heun", ...
   int steps = 0;           // solver steps, 0..1048576; 0: the default (10)
-  std::string schedule;    // the time grid: "karras" (default), "lambda", "uniform"
-  std::string precision;   // "fp32" or "bf16"; "": the precision the model was opened with
+  std::string schedule = {};    // the time grid: "karras" (default), "lambda", "uniform"
+  std::string precision = {};   // "fp32" or "bf16"; "": the precision the model was opened with
   int threads = 0;         // 0..1024; 0: every core
-  std::string method;      // how given text enters the sampler: "x0" (default), "x", "both"
+  std::string method = {};      // how given text enters the sampler: "x0" (default), "x", "both"
   int resample = 0;        // RePaint resampling per step, 0..1000
   /// After every step: the text of the current estimate. It costs one decode of the
   /// batch per step (docs/library.md gives the measured share). Returning false cancels
   /// the call, which throws SamplingCancelled.
-  std::function<bool(const TextStep&)> on_step;
+  std::function<bool(const TextStep&)> on_step = {};
   TextTimings* timings = nullptr;
 };
 
@@ -87,7 +85,7 @@ struct TextModelOptions {
   /// a call may ask for the other, which is then loaded on first use.
   std::string precision = "fp32";
   /// A JSON configuration for a weights file without one in its metadata; "" otherwise.
-  std::string config;
+  std::string config = {};
 };
 
 /// Counts of the model's parameters (docs/model.md §Parameter accounting).
@@ -100,8 +98,8 @@ struct TextModelInfo {
 
 class TextModel {
  public:
-  /// The trained demo model that ships with ldlm (docs/demo-model.md), with GPT-2's
-  /// tokenizer. Both are linked into ldlm::text: no file is read.
+  /// The trained demo model that ships with ldlm (its model card: tools/train/README.md),
+  /// with GPT-2's tokenizer. Both are linked into ldlm::text: no file is read.
   static TextModel demo(const TextModelOptions& options = {});
   /// The model of a safetensors file (its configuration from the file's metadata, or
   /// options.config), and the tokenizer files of `tokenizer_dir` (encoder.json +

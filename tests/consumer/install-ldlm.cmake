@@ -1,6 +1,6 @@
 # cmake -P script run by the ldlm_consumer_install test (fixture setup):
 # configures ldlm's source tree afresh with only the library, then installs it
-# into PREFIX. Header-only, so this compiles nothing and takes seconds.
+# into PREFIX. The layers are header-only; ldlm::text is compiled once here.
 #
 # Inputs (-D): LDLM_SOURCE_DIR, WORK_DIR, PREFIX, GENERATOR, CXX_COMPILER, USE_ONEDNN
 foreach(var LDLM_SOURCE_DIR WORK_DIR PREFIX GENERATOR)
@@ -44,7 +44,7 @@ run("${CMAKE_COMMAND}" --install "${WORK_DIR}")
 foreach(f include/ldlm/ldlm.hpp include/ldlm/io/tokenizer.hpp share/cmake/ldlm/ldlmConfig.cmake
           share/cmake/ldlm/ldlmConfigVersion.cmake share/cmake/ldlm/ldlmTargets.cmake
           share/cmake/ldlm/ldlmFindPCRE2.cmake share/ldlm/gpt2/encoder.json share/ldlm/gpt2/vocab.bpe
-          share/ldlm/gpt2/LICENSE)
+          share/ldlm/gpt2/LICENSE share/ldlm/ldlm-demo.safetensors include/ldlm/text_model.hpp)
   if(NOT EXISTS "${PREFIX}/${f}")
     message(FATAL_ERROR "install-ldlm.cmake: ${PREFIX}/${f} was not installed")
   endif()

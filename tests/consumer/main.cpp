@@ -2,7 +2,9 @@
 // ldlm-base parameter totals come out, the GPT-2 tokenizer (PCRE2, the installed
 // or source-tree GPT-2 files in LDLM_CONSUMER_GPT2_DIR) encodes, and the kernels
 // compile and run without the -march flags of ldlm's own targets: attention in fp32
-// and in bf16 (head_dim 64: ldlm's AMX kernel where the CPU has AMX) agree.
+// and in bf16 (head_dim 64: ldlm's AMX kernel where the CPU has AMX) agree. And the
+// compiled text API, ldlm::text, finds the demo model with no configuration: it fills
+// a gap and keeps the given text.
 #include <ldlm/ldlm.hpp>
 
 #include <cmath>
@@ -24,13 +26,18 @@ bool attention_precisions_agree() {
   }
   return worst < 0.05;  // bf16 operands: errors of order 1e-2 at most on values of order 1
 }
+
+bool demo_model_fills_a_gap() {
+  const auto texts = ldlm::TextModel::demo().infill("The <|mask|> sat on the mat.", {.steps = 4});
+  return texts.size() == 1 && texts[0].starts_with("The") && texts[0].ends_with(" sat on the mat.");
+}
 }  // namespace
 
 int main() {
   ldlm::ParameterCounts c = ldlm::count_parameters(ldlm::Config{});
   const auto ids = ldlm::Tokenizer::load(LDLM_CONSUMER_GPT2_DIR).encode("Hello world");
   return (c.trained == 306011162 && c.frozen == 124442112 && ids == std::vector<std::int64_t>{15496, 995} &&
-          attention_precisions_agree())
+          attention_precisions_agree() && demo_model_fills_a_gap())
              ? 0
              : 1;
 }
