@@ -5,6 +5,7 @@
 #include <sys/ioctl.h>
 
 #include "common.hpp"
+#include "ldlm/io/utf8.hpp"
 
 namespace ldlm::cli {
 
@@ -52,6 +53,30 @@ std::string escaped(std::string_view text, bool newlines) {
   return s;
 }
 
+/// `text` with every byte of an ill-formed UTF-8 sequence replaced by U+FFFD, which is
+/// what a terminal shows for it: the drawing's widths are counted on what is shown.
+std::string valid_utf8(std::string_view text) {
+  std::string s;
+  while (const auto error = ldlm::detail::find_invalid_utf8(text)) {
+    s.append(text.substr(0, error->offset)) += "\xEF\xBF\xBD";
+    text.remove_prefix(error->offset + 1);
+  }
+  return s.append(text);
+}
+
+/// The columns a code point takes on a terminal: 0 for combining marks and zero-width
+/// spaces, 2 for East Asian wide characters and emoji, else 1 (wcwidth's main cases,
+/// without depending on the locale).
+std::size_t columns_of(char32_t c) {
+  if ((c >= 0x300 && c <= 0x36F) || (c >= 0x200B && c <= 0x200F)) return 0;
+  if ((c >= 0x1100 && c <= 0x115F) || (c >= 0x2E80 && c <= 0xA4CF) || (c >= 0xAC00 && c <= 0xD7A3) ||
+      (c >= 0xF900 && c <= 0xFAFF) || (c >= 0xFE30 && c <= 0xFE4F) || (c >= 0xFF00 && c <= 0xFF60) ||
+      (c >= 0xFFE0 && c <= 0xFFE6) || (c >= 0x1F300 && c <= 0x1F64F) || (c >= 0x1F900 && c <= 0x1F9FF) ||
+      (c >= 0x20000 && c <= 0x3FFFD))
+    return 2;
+  return 1;
+}
+
 /// --show-steps: the text (or ids) that every step's x0 prediction decodes to, on stderr.
 /// When stderr is a terminal, one drawing (a "step i/N  t=..." header, then each sample)
 /// is redrawn in place, cut to the terminal's height; else every step prints one line per
@@ -78,7 +103,7 @@ class StepView {
       std::vector<std::string> lines = {header};
       for (Index b = 0; b < B; ++b) {
         if (B > 1) lines.push_back("--- sample " + std::to_string(b + 1) + " of " + std::to_string(B) + " ---");
-        std::istringstream text(escaped(sample_text(step.tokens, b), true));
+        std::istringstream text(escaped(valid_utf8(sample_text(step.tokens, b)), true));
         for (std::string line; std::getline(text, line);) lines.push_back(line);
       }
       if (!(erase_at_end_ && step.progress.step == step.progress.steps)) out += draw(lines);
@@ -101,32 +126,57 @@ class StepView {
     return s;
   }
 
-  /// Back to the first row of the last drawing, and clear from there down.
+  /// Back to the first row of the last drawing, clearing each row on the way up. Not
+  /// "clear to the end of the screen" from there: tmux copies the screen into its history
+  /// when that is done at the top left corner, which a drawing as tall as the terminal reaches.
   std::string erase() {
-    if (rows_ == 0) return "";
-    std::string s = "\r\x1b[" + std::to_string(rows_) + "A\x1b[J";
-    rows_ = 0;
+    std::string s = "\r";
+    for (; rows_ > 0; --rows_) s += "\x1b[1A\x1b[2K";
     return s;
   }
 
-  /// The lines, each wrapped at the terminal's width, cut to fit its height; counts the
-  /// rows they take, for the next erase().
+  /// The bytes of `line` (valid UTF-8) that fit in `max_rows` rows of `columns`, and the
+  /// rows they take.
+  static std::pair<std::size_t, std::size_t> fit(std::string_view line, std::size_t columns, std::size_t max_rows) {
+    if (max_rows == 0) return {0, 0};
+    std::size_t rows = 1, column = 0, i = 0;
+    while (i < line.size()) {
+      std::size_t next = i;
+      const std::size_t width = columns_of(ldlm::detail::next_code_point(line, next));
+      if (column + width > columns) {  // the terminal wraps before the character
+        if (rows == max_rows) break;
+        ++rows;
+        column = 0;
+      }
+      column += width;
+      i = next;
+    }
+    return {i, rows};
+  }
+
+  /// The lines, wrapped at the terminal's width and cut to its height with "...", and
+  /// the rows they take, for the next erase(). One row stays free for the cursor after
+  /// the last newline: a drawing that filled the screen would scroll its first row out
+  /// of reach of the next erase().
   std::string draw(const std::vector<std::string>& lines) {
     winsize size{};
-    const bool known = ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 && size.ws_row > 1;
+    const bool known = ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 && size.ws_row > 2;
     const std::size_t columns = known ? size.ws_col : 80, budget = known ? size.ws_row - 1u : 24;
+    std::size_t total = 0;
+    for (const std::string& line : lines) total += fit(line, columns, budget + 1).second;
+    const bool cut = total > budget;
+    const std::size_t room = cut ? budget - 1 : budget;
     std::string s;
     for (const std::string& line : lines) {
-      std::size_t width = 0;  // code points; wide characters count as one
-      for (const char c : line) width += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
-      const std::size_t rows = std::max<std::size_t>(1, (width + columns - 1) / columns);
-      if (rows_ + rows > budget) {
-        s += "...\n";
-        ++rows_;
-        break;
-      }
-      s += line + "\n";
+      const auto [bytes, rows] = fit(line, columns, room - rows_);
+      if (rows == 0) break;
+      s.append(line, 0, bytes) += '\n';
       rows_ += rows;
+      if (bytes < line.size()) break;
+    }
+    if (cut) {
+      s += "...\n";
+      ++rows_;
     }
     return s;
   }
