@@ -41,14 +41,14 @@ const Command kGenerate{"generate",
 
 /// The known tokens of generate: --prompt's ids first, --suffix's last, the mask id
 /// between, for each of the B sequences.
-TokenTensor prompt_ids(const GenerateOptions& own, const TokenizerOptions& tokenizer_options, const Config& config,
+/// `tokenizer` is loaded when there is a prompt or a suffix.
+TokenTensor prompt_ids(const GenerateOptions& own, const std::optional<Tokenizer>& tokenizer, const Config& config,
                        Index B, Index T) {
   TokenTensor ids(B, T);
   ids.setConstant(mask_id(config));
-  if (!own.prompt && !own.suffix) return ids;
-  const Tokenizer tokenizer = load_tokenizer(tokenizer_options, config.vocab_size);
+  if (!tokenizer) return ids;
   const auto encode = [&](const std::optional<std::string>& text) {
-    return text ? tokenizer.encode(*text) : std::vector<std::int64_t>{};
+    return text ? tokenizer->encode(*text) : std::vector<std::int64_t>{};
   };
   const std::vector<std::int64_t> prompt = encode(own.prompt), suffix = encode(own.suffix);
   const Index n = static_cast<Index>(prompt.size()), m = static_cast<Index>(suffix.size());
@@ -78,8 +78,10 @@ int run_generate(const Args& args) {
   const Index B = request.run.batch, T = own.length;
   // Checked before the prompt is encoded, so that a --length beyond max_positions is named.
   check_sampling_arguments("generate", config, B, T, request.sampler.steps);
-  return sample_and_write(request, weights, config, prompt_ids(own, request.tokenizer, config, B, T), clock,
-                          "generate");
+  std::optional<Tokenizer> tokenizer;
+  if (own.prompt || own.suffix) tokenizer = load_tokenizer(request.tokenizer, config.vocab_size);
+  const TokenTensor ids = prompt_ids(own, tokenizer, config, B, T);
+  return sample_and_write(request, weights, config, ids, std::move(tokenizer), clock, "generate");
 }
 
 }  // namespace ldlm::cli

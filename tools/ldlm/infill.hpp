@@ -50,9 +50,11 @@ int run_infill(const Args& args) {
   const Config config = load_config(request.model, weights);
   const Index B = request.run.batch;
   std::vector<std::int64_t> row;
+  std::optional<Tokenizer> tokenizer;
   if (!own.tokens) {
     const std::string text = own.text ? *own.text : read_stdin();
-    row = encode_masked_text(load_tokenizer(request.tokenizer, config.vocab_size), text);
+    tokenizer = load_tokenizer(request.tokenizer, config.vocab_size);
+    row = encode_masked_text(*tokenizer, text);
     if (std::find(row.begin(), row.end(), mask_id(config)) == row.end())
       throw InvalidArgument("infill: the text has no " + std::string(kMaskMarker) +
                             "; each one marks a token position to fill");
@@ -65,7 +67,7 @@ int run_infill(const Args& args) {
   }
   TokenTensor ids(B, static_cast<Index>(row.size()));
   for (Index b = 0; b < B; ++b) std::copy(row.begin(), row.end(), ids.data() + b * static_cast<Index>(row.size()));
-  return sample_and_write(request, weights, config, ids, clock, "infill");
+  return sample_and_write(request, weights, config, ids, std::move(tokenizer), clock, "infill");
 }
 
 }  // namespace ldlm::cli

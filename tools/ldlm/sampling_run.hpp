@@ -39,10 +39,11 @@ void write_samples(const SamplingRun& run, const std::optional<Tokenizer>& token
 
 /// Samples B = ids.dimension(0) sequences given the known tokens `ids` [B, T] (the mask id
 /// at every free position) and writes them; then the timing summary, with `clock` started
-/// when the command did. The feature model and the encoder are loaded only when some
-/// position is known.
+/// when the command did. `tokenizer` is the one the command loaded for its input, if any.
+/// The feature model and the encoder are loaded only when some position is known.
 int sample_and_write(const SamplingRequest& request, const std::optional<SafetensorsFile>& weights,
-                     const Config& config, const TokenTensor& ids, Stopwatch& clock, std::string_view op) {
+                     const Config& config, const TokenTensor& ids, std::optional<Tokenizer> tokenizer, Stopwatch& clock,
+                     std::string_view op) {
   // Pipeline checks these again; checking them here makes bad input fail at once, not
   // after the slow loading of the weights.
   check_condition_ids(op, config, ids);
@@ -50,7 +51,11 @@ int sample_and_write(const SamplingRequest& request, const std::optional<Safeten
   bool any_known = false;
   for (Index r = 0; r < ids.size(); ++r) any_known = any_known || ids.data()[r] != mask_id(config);
   const SamplingRun& run = request.run;
-  const std::optional<Tokenizer> tokenizer = text_tokenizer(request.tokenizer, run.ids, config);
+  // The samples' text, loaded before the weights so that a bad --tokenizer fails early.
+  if (run.ids)
+    tokenizer.reset();
+  else if (!tokenizer)
+    tokenizer = text_tokenizer(request.tokenizer, config);
   Context ctx(thread_count(request.model));
   const bool parallel = ctx.threads() > 1;
 

@@ -53,10 +53,9 @@ std::string read_stdin() {
 }
 
 /// The tokenizer that turns the model's ids into text: --tokenizer's (which must fit),
-/// else the built-in GPT-2 one when it fits the model's vocabulary. None when `ids` (the
-/// --ids flag) asks for ids, or when no tokenizer fits: the ids are printed then.
-std::optional<Tokenizer> text_tokenizer(const TokenizerOptions& options, bool ids, const Config& config) {
-  if (ids) return std::nullopt;
+/// else the built-in GPT-2 one when it fits the model's vocabulary. None when no tokenizer
+/// fits: the ids are printed then.
+std::optional<Tokenizer> text_tokenizer(const TokenizerOptions& options, const Config& config) {
   if (options.dir || config.vocab_size == kDefaultVocabSize) return load_tokenizer(options, config.vocab_size);
   return std::nullopt;
 }
