@@ -154,15 +154,15 @@ void run_pair(bool parallel, A&& a, B&& b) {
   if (error) std::rethrow_exception(error);
 }
 
-/// Fills the named modules of `model` with load_or_init_module: from --weights, or
-/// else with the generator weights of --init-seed. Two groups, on two threads when
+/// Fills the named modules of `model` with load_or_init_module, in --precision: from
+/// --weights, or else with the generator weights of --init-seed. Two groups, on two threads when
 /// `parallel`.
 void fill_modules(LDLM<float>& model, const ModelOptions& options, const std::optional<SafetensorsFile>& weights,
                   const std::vector<std::string_view>& first, const std::vector<std::string_view>& second,
-                  bool parallel, Precision precision) {
+                  bool parallel) {
   const std::uint64_t seed = options.init_seed.value_or(kDefaultInitSeed);
   auto fill = [&](const std::vector<std::string_view>& names) {
-    for (const auto name : names) load_or_init_module(model, weights, name, seed, precision);
+    for (const auto name : names) load_or_init_module(model, weights, name, seed, options.precision);
   };
   run_pair(
       parallel, [&] { fill(first); }, [&] { fill(second); });

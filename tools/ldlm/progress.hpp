@@ -130,6 +130,7 @@ class StepView {
   /// "clear to the end of the screen" from there: tmux copies the screen into its history
   /// when that is done at the top left corner, which a drawing as tall as the terminal reaches.
   std::string erase() {
+    if (rows_ == 0) return "";
     std::string s = "\r";
     for (; rows_ > 0; --rows_) s += "\x1b[1A\x1b[2K";
     return s;

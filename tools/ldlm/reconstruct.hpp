@@ -79,7 +79,7 @@ int run_reconstruct(const Args& args) {
   LDLM<float> model(config);
   // Large tables first (lm_head, wte), as in generate.
   fill_modules(model, model_options, weights, {TokenDecoder<>::kName, LatentDecoder<>::kName},
-               {GPT2Features<>::kName, LatentEncoder<>::kName}, parallel, model_options.precision);
+               {GPT2Features<>::kName, LatentEncoder<>::kName}, parallel);
   RunTimes times;
   times.load = clock.lap();
   // Pipeline::reconstruct's two halves, timed apart.

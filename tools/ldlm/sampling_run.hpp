@@ -68,7 +68,7 @@ int sample_and_write(const SamplingRequest& request, const std::optional<Safeten
     first.insert(first.begin() + 1, GPT2Features<>::kName);
     second.push_back(LatentEncoder<>::kName);
   }
-  fill_modules(model, request.model, weights, first, second, parallel, request.model.precision);
+  fill_modules(model, request.model, weights, first, second, parallel);
   RunTimes times;
   times.load = clock.lap();
 
