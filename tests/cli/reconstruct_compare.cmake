@@ -128,8 +128,9 @@ elseif(MODE STREQUAL "tokens")
 else()
   message(FATAL_ERROR "reconstruct_compare.cmake: MODE must be 'inputs' or 'tokens', got '${MODE}'")
 endif()
+# --quiet: no timing summary, so that stderr holds nothing unless something is wrong.
 execute_process(COMMAND "${LDLM}" reconstruct ${option} "${value}"
-  --weights "${DATA}/weights.safetensors" --config "${DATA}/config.json"
+  --weights "${DATA}/weights.safetensors" --config "${DATA}/config.json" --quiet
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 string(CONCAT report "ldlm reconstruct ${option} '${value}'\nexit: ${rc}\nstdout:\n${out}\nstderr:\n${err}\n"
                      "expected stdout (the reference argmax):\n${expected}")

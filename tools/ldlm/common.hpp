@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <chrono>
@@ -33,39 +34,56 @@
 
 namespace ldlm::cli {
 
-const Option kConfigOption{"config", "C.json",
-                           "model configuration (JSON); default: the weights file's own, else ldlm-base"};
-const Option kThreadsOption{"threads", "N", "threads of the execution context (default: all cores)"};
-const Option kWeightsOption{"weights", "W.safetensors", "parameters under their full state-dict names"};
-const Option kPrecisionOption{"precision", "fp32|bf16",
-                              "precision of the matrix products (default fp32); bf16 keeps norms, softmax and\n"
-                              "the residual stream in fp32 (docs/model.md §Precision)"};
-const Option kInitSeedOption{"init-seed", "S",
-                             "generator weights of this seed instead of the built-in model (with --config: of that\n"
-                             "configuration, default seed " +
-                                 std::to_string(kDefaultInitSeed) + ")"};
+/// The model options: which model, in which precision, on how many threads.
+struct ModelOptions {
+  std::optional<std::string> weights, config;
+  std::optional<std::uint64_t> init_seed;
+  Precision precision = Precision::fp32;
+  std::optional<int> threads;  // all cores when not given
+};
+
+inline constexpr std::array<NamedChoice<Precision>, 2> kPrecisions{{
+    {Precision::fp32, "fp32", "float32 products"},
+    {Precision::bf16, "bf16", "bf16 operands, fp32 accumulation"},
+}};
+
+const Option kConfigOption = text_option("config", "C.json", &ModelOptions::config,
+                                         "model configuration (JSON); default: the weights file's own, else ldlm-base");
+const Option kThreadsOption = value_option("threads", "N", &ModelOptions::threads, {1, 1024},
+                                           "threads of the execution context; all cores when not given");
+const Option kWeightsOption =
+    text_option("weights", "W.safetensors", &ModelOptions::weights, "parameters under their full state-dict names");
+const Option kPrecisionOption =
+    choice_option("precision", "fp32|bf16", &ModelOptions::precision, kPrecisions, "precision",
+                  "precision of the matrix products; bf16 keeps norms, softmax and the residual\n"
+                  "stream in fp32 (docs/model.md §Precision)");
+const Option kInitSeedOption =
+    value_option("init-seed", "S", &ModelOptions::init_seed, {},
+                 "generator weights of this seed instead of the built-in model (with --config: of that\n"
+                 "configuration, default seed " +
+                     std::to_string(kDefaultInitSeed) + ")");
 
 /// The model configuration: the weights file's own (which --config, if given, must
 /// equal), else --config, else ldlm-base.
-Config load_config(const Args& args, const std::optional<SafetensorsFile>& weights) {
+Config load_config(const ModelOptions& options, const std::optional<SafetensorsFile>& weights) {
   std::optional<Config> given;
-  if (auto path = args.value("config")) given = Config::load(*path);
+  if (options.config) given = Config::load(*options.config);
   if (weights) return resolve_config(*weights, given);
   return given.value_or(Config{});
 }
 
 /// The file of --weights, if given.
-std::optional<SafetensorsFile> open_weights(const Args& args) {
-  if (auto path = args.value("weights")) return SafetensorsFile::open(*path);
+std::optional<SafetensorsFile> open_weights(const ModelOptions& options) {
+  if (options.weights) return SafetensorsFile::open(*options.weights);
   return std::nullopt;
 }
 
 /// The model of `generate` and `reconstruct`: the file of --weights; generator
 /// weights when --init-seed or --config asks for them; else the built-in demo model
 /// (tools/assets/ldlm-demo), trained, linked into this program.
-std::optional<SafetensorsFile> open_model(const Args& args) {
-  if (args.has("weights") && args.has("init-seed")) args.fail("--init-seed applies only without --weights");
-  if (args.has("weights") || args.has("init-seed") || args.has("config")) return open_weights(args);
+std::optional<SafetensorsFile> open_model(const Args& args, const ModelOptions& options) {
+  if (options.weights && options.init_seed) args.fail("--init-seed applies only without --weights");
+  if (options.weights || options.init_seed || options.config) return open_weights(options);
   const auto bytes = embedded::find("ldlm-demo.safetensors");
   if (!bytes) throw Error("the built-in demo model is missing from this ldlm binary");
   std::vector<std::byte> buffer(bytes->size());
@@ -89,14 +107,24 @@ std::vector<Option> with_model_options(std::vector<Option> before, const std::ve
   return before;
 }
 
-int thread_count(const Args& args) {
-  const auto cores = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
-  return static_cast<int>(args.get_int("threads", cores, 1, 1024));
+int thread_count(const ModelOptions& options) {
+  return options.threads.value_or(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
 }
 
-Precision precision_of(const Args& args) {
-  return parse_precision(args.get("precision", "fp32"), "option '--precision'");
-}
+/// Seconds since the start or the last lap.
+class Stopwatch {
+ public:
+  double lap() {
+    const auto now = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    return seconds;
+  }
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
+};
 
 /// Runs a() and b(), on two threads when `parallel`: initialising or loading ldlm-base
 /// is dominated by first-touch page faults and generator arithmetic, which split
@@ -126,15 +154,15 @@ void run_pair(bool parallel, A&& a, B&& b) {
   if (error) std::rethrow_exception(error);
 }
 
-/// Fills the named modules of `model` with load_or_init_module: from --weights, or
-/// else with the generator weights of --init-seed. Two groups, on two threads when
+/// Fills the named modules of `model` with load_or_init_module, in --precision: from
+/// --weights, or else with the generator weights of --init-seed. Two groups, on two threads when
 /// `parallel`.
-void fill_modules(LDLM<float>& model, const Args& args, const std::optional<SafetensorsFile>& weights,
+void fill_modules(LDLM<float>& model, const ModelOptions& options, const std::optional<SafetensorsFile>& weights,
                   const std::vector<std::string_view>& first, const std::vector<std::string_view>& second,
-                  bool parallel, Precision precision) {
-  const std::uint64_t seed = args.get_uint("init-seed", kDefaultInitSeed);
+                  bool parallel) {
+  const std::uint64_t seed = options.init_seed.value_or(kDefaultInitSeed);
   auto fill = [&](const std::vector<std::string_view>& names) {
-    for (const auto name : names) load_or_init_module(model, weights, name, seed, precision);
+    for (const auto name : names) load_or_init_module(model, weights, name, seed, options.precision);
   };
   run_pair(
       parallel, [&] { fill(first); }, [&] { fill(second); });

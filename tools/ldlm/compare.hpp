@@ -11,16 +11,13 @@ std::string number(double v) {
   return buf;
 }
 
-/// compare's atol and rtol when not given.
-constexpr double kDefaultCompareTolerance = 1e-5;
-
 const Command kCompare{"compare",
                        "compare two safetensors files tensor by tensor",
                        "OUT.safetensors REF.safetensors",
                        "Check every tensor of REF against OUT: same shape and |out - ref| <= atol + rtol*|ref|\n"
                        "elementwise. Prints one line per tensor; exits 1 on any mismatch.",
-                       {{"atol", "A", "absolute tolerance (default " + number(kDefaultCompareTolerance) + ")"},
-                        {"rtol", "R", "relative tolerance (default " + number(kDefaultCompareTolerance) + ")"}},
+                       {value_option("atol", "A", &Tolerance::atol, {0.0}, "absolute tolerance"),
+                        value_option("rtol", "R", &Tolerance::rtol, {0.0}, "relative tolerance")},
                        ""};
 
 /// The line of a tensor that both files hold with the same shape.
@@ -56,8 +53,7 @@ bool compare_tensor(const SafetensorsFile& out, const SafetensorsFile& ref, cons
 
 int run_compare(const Args& args) {
   args.expect_positionals(2, 2);
-  const Tolerance tol{args.get_double("atol", kDefaultCompareTolerance, 0.0),
-                      args.get_double("rtol", kDefaultCompareTolerance, 0.0)};
+  const Tolerance tol = args.read<Tolerance>();
   const auto out = SafetensorsFile::open(args.positionals()[0]);
   const auto ref = SafetensorsFile::open(args.positionals()[1]);
   int bad = 0, count = 0;

@@ -37,23 +37,28 @@ std::string forward_table() {
   return table;
 }
 
-const Command kForward{"forward",
-                       "run one module on named safetensors inputs",
-                       "MODULE",
-                       "Run one module on named inputs and write named float32 outputs.",
-                       {kWeightsOption,
-                        {"inputs", "I.safetensors", "input tensors, named as in the table below"},
-                        {"output", "O.safetensors", "where to write the outputs"},
-                        kConfigOption,
-                        kPrecisionOption,
-                        kThreadsOption},
-                       forward_table() +
-                           "\nWeights carry full prefixed names (e.g. denoiser.blocks.0.norm1.weight); only the\n"
-                           "modules that run are loaded, tensors of other modules in the file are ignored, and\n"
-                           "so are GPT-2's attention buffers (h.<i>.attn.bias, h.<i>.attn.masked_bias). The\n"
-                           "configuration comes from the file's __metadata__ 'ldlm.config' (tools/convert.py\n"
-                           "writes it); --config is needed only for files without one, and must match otherwise.\n"
-                           "The output file carries the configuration too.\n"};
+/// forward's own options.
+struct ForwardOptions {
+  std::string inputs, output;
+};
+
+const Command kForward{
+    "forward",
+    "run one module on named safetensors inputs",
+    "MODULE",
+    "Run one module on named inputs and write named float32 outputs.",
+    {required(kWeightsOption),
+     required(
+         text_option("inputs", "I.safetensors", &ForwardOptions::inputs, "input tensors, named as in the table below")),
+     required(text_option("output", "O.safetensors", &ForwardOptions::output, "where to write the outputs")),
+     kConfigOption, kPrecisionOption, kThreadsOption},
+    forward_table() +
+        "\nWeights carry full prefixed names (e.g. denoiser.blocks.0.norm1.weight); only the\n"
+        "modules that run are loaded, tensors of other modules in the file are ignored, and\n"
+        "so are GPT-2's attention buffers (h.<i>.attn.bias, h.<i>.attn.masked_bias). The\n"
+        "configuration comes from the file's __metadata__ 'ldlm.config' (tools/convert.py\n"
+        "writes it); --config is needed only for files without one, and must match otherwise.\n"
+        "The output file carries the configuration too.\n"};
 
 /// The MODULE of `forward`: one of module_names(), or "reconstruct" for the chain.
 std::string forward_target(const Args& args) {
@@ -132,21 +137,20 @@ void forward_module(const ForwardRun& run, const std::string& module) {
 int run_forward(const Args& args) {
   args.expect_positionals(1, 1);
   const std::string module = forward_target(args);
-  const std::string weights_path = args.required("weights");
-  const std::string inputs_path = args.required("inputs");
-  const std::string output_path = args.required("output");
-  const std::optional<SafetensorsFile> weights = SafetensorsFile::open(weights_path);
-  const Config config = load_config(args, weights);
-  const Precision precision = precision_of(args);
-  Context ctx(thread_count(args));
+  const ModelOptions model_options = args.read<ModelOptions>();
+  const ForwardOptions own = args.read<ForwardOptions>();
+  const std::optional<SafetensorsFile> weights = open_weights(model_options);
+  const Config config = load_config(model_options, weights);
+  const Precision precision = model_options.precision;
+  Context ctx(thread_count(model_options));
 
-  const Inputs inputs(inputs_path, module);
+  const Inputs inputs(own.inputs, module);
   LDLM<float> model(config);
   SafetensorsWriter out;
   out.set_metadata("module", module);
   out.set_metadata(std::string(kConfigMetadataKey), config.to_json().dump());
   forward_module({ctx, model, inputs, *weights, precision, out}, module);
-  out.write(output_path);
+  out.write(own.output);
   return 0;
 }
 

@@ -8,44 +8,49 @@
 
 namespace ldlm::cli {
 
-const Command kGenerate{
-    "generate",
-    "sample token sequences with the diffusion model",
-    "",
-    "Sample latents with the denoiser (a solver from pure noise; docs/model.md §Sampler),\n"
-    "decode them and print the text: one sample, or each of --batch samples after a\n"
-    "'--- sample i of B ---' line. Token ids, one line per sample, with --ids or when no\n"
-    "tokenizer fits the model's vocabulary (GPT-2's built-in one fits V = " +
-        std::to_string(kDefaultVocabSize) +
-        ").\n"
-        "With --prompt, the prompt's tokens take the first positions and the sampler fills the\n"
-        "rest; with --suffix, the suffix's take the last (docs/model.md §Conditioning). The\n"
-        "output is the whole text, every given token as given; --ids prints all T ids.",
-    sampling_command_options(
-        {{"length", "T", "tokens per sequence (default " + std::to_string(kDefaultLength) + ")"}},
-        {{"prompt", "TEXT", "the text the samples begin with"}, {"suffix", "TEXT", "the text the samples end with"}}),
-    sampler_table() + condition_table() + "\n" + kModelChoice + "Generation runs the " +
-        std::string(Denoiser<>::kName) + ", " + std::string(LatentDecoder<>::kName) + " and " +
-        std::string(TokenDecoder<>::kName) + ". ldlm-base's\n" + "generator weights (--init-seed " +
-        std::to_string(kDefaultInitSeed) +
-        ") allocate about 1 GB and take a few seconds on\n"
-        "2 cores; --prompt and --suffix also run the " +
-        std::string(GPT2Features<>::kName) + " and the " + std::string(LatentEncoder<>::kName) +
-        ". On a terminal a progress bar with steps and\n"
-        "denoiser calls is shown on stderr.\n"};
+/// generate's own options.
+struct GenerateOptions {
+  Index length = kDefaultLength;
+  std::optional<std::string> prompt, suffix;
+};
+
+const Command kGenerate{"generate",
+                        "sample token sequences with the diffusion model",
+                        "",
+                        "Sample latents with the denoiser (a solver from pure noise; docs/model.md §Sampler),\n"
+                        "decode them and print the text: one sample, or each of --batch samples after a\n"
+                        "'--- sample i of B ---' line. Token ids, one line per sample, with --ids or when no\n"
+                        "tokenizer fits the model's vocabulary (GPT-2's built-in one fits V = " +
+                            std::to_string(kDefaultVocabSize) +
+                            ").\n"
+                            "With --prompt, the prompt's tokens take the first positions and the sampler fills the\n"
+                            "rest; with --suffix, the suffix's take the last (docs/model.md §Conditioning). The\n"
+                            "output is the whole text, every given token as given; --ids prints all T ids.",
+                        sampling_command_options(
+                            {value_option("length", "T", &GenerateOptions::length, {1}, "tokens per sequence")},
+                            {text_option("prompt", "TEXT", &GenerateOptions::prompt, "the text the samples begin with"),
+                             text_option("suffix", "TEXT", &GenerateOptions::suffix, "the text the samples end with")}),
+                        sampler_table() + condition_table() + "\n" + kModelChoice + "Generation runs the " +
+                            std::string(Denoiser<>::kName) + ", " + std::string(LatentDecoder<>::kName) + " and " +
+                            std::string(TokenDecoder<>::kName) + ". ldlm-base's\n" + "generator weights (--init-seed " +
+                            std::to_string(kDefaultInitSeed) +
+                            ") allocate about 1 GB and take a few seconds on\n"
+                            "2 cores; --prompt and --suffix also run the " +
+                            std::string(GPT2Features<>::kName) + " and the " + std::string(LatentEncoder<>::kName) +
+                            ".\n\n" + kSamplingStderr};
 
 /// The known tokens of generate: --prompt's ids first, --suffix's last, the mask id
 /// between, for each of the B sequences.
-TokenTensor prompt_ids(const Args& args, const Config& config, Index B, Index T) {
+/// `tokenizer` is loaded when there is a prompt or a suffix.
+TokenTensor prompt_ids(const GenerateOptions& own, const std::optional<Tokenizer>& tokenizer, const Config& config,
+                       Index B, Index T) {
   TokenTensor ids(B, T);
   ids.setConstant(mask_id(config));
-  if (!args.has("prompt") && !args.has("suffix")) return ids;
-  const Tokenizer tokenizer = load_tokenizer(args, config.vocab_size);
-  const auto encode = [&](const char* option) {
-    const auto text = args.value(option);
-    return text ? tokenizer.encode(*text) : std::vector<std::int64_t>{};
+  if (!tokenizer) return ids;
+  const auto encode = [&](const std::optional<std::string>& text) {
+    return text ? tokenizer->encode(*text) : std::vector<std::int64_t>{};
   };
-  const std::vector<std::int64_t> prompt = encode("prompt"), suffix = encode("suffix");
+  const std::vector<std::int64_t> prompt = encode(own.prompt), suffix = encode(own.suffix);
   const Index n = static_cast<Index>(prompt.size()), m = static_cast<Index>(suffix.size());
   if (n + m > config.max_positions)
     throw InvalidArgument("generate: the prompt's " + std::to_string(n) + " tokens and the suffix's " +
@@ -64,16 +69,19 @@ TokenTensor prompt_ids(const Args& args, const Config& config, Index B, Index T)
 }
 
 int run_generate(const Args& args) {
+  Stopwatch clock;
   args.expect_positionals(0, 0);
-  const auto weights = open_model(args);
-  const Config config = load_config(args, weights);
-  const Index T = args.get_int("length", kDefaultLength, 1);
-  const Index B = args.get_int("batch", kDefaultBatch, 1, kMaxBatch);
-  const SamplerOptions options = sampler_options(args);
-  const ConditionOptions condition = condition_options(args);
+  const GenerateOptions own = args.read<GenerateOptions>();
+  const SamplingRequest request = sampling_request(args);
+  const auto weights = open_model(args, request.model);
+  const Config config = load_config(request.model, weights);
+  const Index B = request.run.batch, T = own.length;
   // Checked before the prompt is encoded, so that a --length beyond max_positions is named.
-  check_sampling_arguments("generate", config, B, T, options.steps);
-  return sample_and_write(args, weights, config, prompt_ids(args, config, B, T), options, condition, "generate");
+  check_sampling_arguments("generate", config, B, T, request.sampler.steps);
+  std::optional<Tokenizer> tokenizer;
+  if (own.prompt || own.suffix) tokenizer = load_tokenizer(request.tokenizer, config.vocab_size);
+  const TokenTensor ids = prompt_ids(own, tokenizer, config, B, T);
+  return sample_and_write(request, weights, config, ids, std::move(tokenizer), clock, "generate");
 }
 
 }  // namespace ldlm::cli

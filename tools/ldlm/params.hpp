@@ -30,19 +30,20 @@ std::string parameter_table_text(const LDLM<S>& m) {
   return text;
 }
 
-const Command kParams{
-    "params",
-    "parameter counts per module and the totals",
-    "",
-    "Print the trained and frozen parameter counts of every module, then the totals\n"
-    "(nothing is allocated).",
-    {kConfigOption, {"weights", "W.safetensors", "count the model whose configuration this file stores"}},
-    ""};
+const Command kParams{"params",
+                      "parameter counts per module and the totals",
+                      "",
+                      "Print the trained and frozen parameter counts of every module, then the totals\n"
+                      "(nothing is allocated).",
+                      {kConfigOption, text_option("weights", "W.safetensors", &ModelOptions::weights,
+                                                  "count the model whose configuration this file stores")},
+                      ""};
 
 int run_params(const Args& args) {
   args.expect_positionals(0, 0);
-  const auto weights = open_weights(args);
-  std::fputs(parameter_table_text(LDLM<float>(load_config(args, weights))).c_str(), stdout);
+  const ModelOptions options = args.read<ModelOptions>();
+  const auto weights = open_weights(options);
+  std::fputs(parameter_table_text(LDLM<float>(load_config(options, weights))).c_str(), stdout);
   return 0;
 }
 

@@ -9,24 +9,30 @@ namespace ldlm::cli {
 /// ldlm-base's vocabulary: GPT-2's 50257 tokens, pad and mask.
 const std::int64_t kDefaultVocabSize = Config{}.vocab_size;
 
-const Option kTokenizerOption{"tokenizer", "DIR", "tokenizer files (see below); default: GPT-2's, built into ldlm"};
+/// The tokenizer options: its files, and (tokenize, detokenize) the model's V it must fit.
+struct TokenizerOptions {
+  std::optional<std::string> dir;  // GPT-2's files, built into ldlm, when not given
+  std::int64_t vocab_size = kDefaultVocabSize;
+};
+
+const Option kTokenizerOption = text_option("tokenizer", "DIR", &TokenizerOptions::dir,
+                                            "tokenizer files (see below); default: GPT-2's, built into ldlm");
 const std::string kTokenizerDetails =
     "--tokenizer DIR reads encoder.json + vocab.bpe (OpenAI), vocab.json + merges.txt or\n"
     "tokenizer.json (Hugging Face). pad and mask follow the files' tokens (GPT-2: ids 50257\n"
     "and 50258), so GPT-2's vocabulary has " +
     std::to_string(kDefaultVocabSize) + " tokens, ldlm-base's V.\n";
-const Option kVocabSizeOption{
-    "vocab-size", "V",
-    "the model's vocabulary size, which the tokenizer must match (default " + std::to_string(kDefaultVocabSize) + ")"};
+const Option kVocabSizeOption = value_option("vocab-size", "V", &TokenizerOptions::vocab_size, {1},
+                                             "the model's vocabulary size, which the tokenizer must match");
 
 /// The tokenizer of --tokenizer DIR, or GPT-2's files built into the tool; its
 /// vocabulary (with pad and mask) must have the model's size V.
-Tokenizer load_tokenizer(const Args& args, std::int64_t vocab_size) {
+Tokenizer load_tokenizer(const TokenizerOptions& options, std::int64_t vocab_size) {
   std::string origin;
   const Tokenizer tokenizer = [&] {
-    if (auto dir = args.value("tokenizer")) {
-      origin = "'" + *dir + "'";
-      return Tokenizer::load(*dir);
+    if (options.dir) {
+      origin = "'" + *options.dir + "'";
+      return Tokenizer::load(*options.dir);
     }
     origin = "built-in GPT-2";
     const auto vocab = embedded::find("gpt2/encoder.json"), merges = embedded::find("gpt2/vocab.bpe");
@@ -47,11 +53,10 @@ std::string read_stdin() {
 }
 
 /// The tokenizer that turns the model's ids into text: --tokenizer's (which must fit),
-/// else the built-in GPT-2 one when it fits the model's vocabulary. None with --ids,
-/// or when no tokenizer fits: the ids are printed then.
-std::optional<Tokenizer> text_tokenizer(const Args& args, const Config& config) {
-  if (args.has("ids")) return std::nullopt;
-  if (args.has("tokenizer") || config.vocab_size == kDefaultVocabSize) return load_tokenizer(args, config.vocab_size);
+/// else the built-in GPT-2 one when it fits the model's vocabulary. None when no tokenizer
+/// fits: the ids are printed then.
+std::optional<Tokenizer> text_tokenizer(const TokenizerOptions& options, const Config& config) {
+  if (options.dir || config.vocab_size == kDefaultVocabSize) return load_tokenizer(options, config.vocab_size);
   return std::nullopt;
 }
 
