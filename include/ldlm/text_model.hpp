@@ -73,7 +73,7 @@ struct TextOptions {
   std::string method = {};      // how given text enters the sampler: "x0" (default), "x", "both"
   int resample = 0;        // RePaint resampling per step, 0..1000
   /// After every step: the text of the current estimate. It costs one decode of the
-  /// batch per step (docs/library.md gives the measured share). Returning false cancels
+  /// batch per step (docs/performance.md gives the measured cost). Returning false cancels
   /// the call, which throws SamplingCancelled.
   std::function<bool(const TextStep&)> on_step = {};
   TextTimings* timings = nullptr;

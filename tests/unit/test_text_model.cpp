@@ -124,7 +124,7 @@ TEST(TextModel, PreviewSeesEveryStepAndCanCancel) {
 
 TEST(TextModel, TimingsCountTheCallsAndTheTokens) {
   TextTimings t;
-  demo().continue_text("The old man", {.length = 5, .batch = 2, .steps = 4, .sampler = "heun", .timings = &t});
+  demo().continue_text("The old man", {.length = 5, .batch = 2, .sampler = "heun", .steps = 4, .timings = &t});
   EXPECT_EQ(t.steps, 4);
   EXPECT_EQ(t.denoiser_calls, 8);  // heun: two calls per step
   EXPECT_EQ(t.tokens, 10);

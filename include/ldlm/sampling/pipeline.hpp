@@ -71,7 +71,7 @@ struct StepTokens {
 };
 /// Called after every step; returning false cancels sampling (SamplingCancelled). Each
 /// call costs a decode of the whole batch (the latent and token decoders), which the
-/// sampling loop does not otherwise run: docs/library.md gives the measured share.
+/// sampling loop does not otherwise run: docs/performance.md gives the measured cost.
 using TokenPreview = std::function<bool(const StepTokens&)>;
 
 /// Where a generation's time went, stage by stage, besides the sampler's counts.
