@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iomanip>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -118,6 +119,26 @@ void expect_matches(const Tensor<S, Rank>& got, const SafetensorsFile& file, con
   const auto result = matches_reference(got, file, name, tol);
   EXPECT_TRUE(result) << "case " << file.metadata().at("case") << variant;
   if (result) ::testing::Test::RecordProperty(name + variant, result.message());
+}
+
+/// Compares with the reference and records the observed error as a test property
+/// (visible with --gtest_output=xml), which is how the tolerances of the module parity
+/// tests (parity/test_modules.cpp, unit/io/test_state_dict.cpp) were chosen.
+template <class S, int Rank>
+void expect_matches_logging_scaled_error(const Tensor<S, Rank>& got, const SafetensorsFile& ref,
+                                         const std::string& name, Tolerance tol) {
+  const auto want = read_tensor<float, Rank>(ref, name);
+  double max_abs = 0, max_scaled = 0;
+  for (Index i = 0; i < want.size() && i < got.size(); ++i) {
+    const double err = std::abs(double(got.data()[i]) - want.data()[i]);
+    max_abs = std::max(max_abs, err);
+    max_scaled = std::max(max_scaled, err / (1.0 + std::abs(want.data()[i])));
+  }
+  std::ostringstream observed;
+  observed << std::scientific << std::setprecision(2) << "max |error| " << max_abs << ", max |error|/(1+|ref|) "
+           << max_scaled;
+  ::testing::Test::RecordProperty(name + ".error", observed.str());
+  EXPECT_TRUE(matches_reference(got, ref, name, tol));
 }
 
 /// The largest |a - b| over two same-shaped tensors (for "this bug must show" checks).

@@ -1,22 +1,28 @@
-// The solvers of docs/model.md §Solvers on an analytic denoiser: Gaussian data
-// z ~ N(0, s²I) has x̂0(x, t) = α s² x / (α² s² + σ²), and its probability-flow ODE the
-// closed form x(t) = x(t_0) · sqrt(α(t)² s² + σ(t)²) / sqrt(α(t_0)² s² + σ(t_0)²). The
-// error at N and 2N steps gives each solver's observed order. Also: the time grids,
-// hand computation of single steps, self-conditioning, call counts and bad input.
+// The solvers of docs/model.md §Solvers (sampling/solvers.hpp) on an analytic denoiser:
+// Gaussian data z ~ N(0, s²I) has x̂0(x, t) = α s² x / (α² s² + σ²), and its probability-flow
+// ODE the closed form x(t) = x(t_0) · sqrt(α(t)² s² + σ(t)²) / sqrt(α(t_0)² s² + σ(t_0)²).
+// The error at N and 2N steps gives each solver's observed order. Also: Euler steps and
+// single steps of the other solvers against hand computation, self-conditioning, hooks,
+// call counts and bad input.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <numbers>
 #include <tuple>
 #include <vector>
 
 #include "ldlm/ldlm.hpp"
+#include "support/schedule_reference.hpp"
 
 namespace ldlm {
+namespace unit_sampling_solvers {
 namespace {
 
 using ::testing::HasSubstr;
+
+using test::ref_alpha;
+using test::ref_beta;
+using test::ref_sigma;
 
 constexpr double kSpread = 0.5;  // s: the data's standard deviation (≠ 1, or x̂0 would be trivial)
 
@@ -69,7 +75,7 @@ double observed_order(SamplerKind kind, int steps, double t0) {
 }
 
 // Below t = 0.95 the clipped β is the true one, so every solver integrates the same ODE.
-TEST(SolverOrder, FirstOrderSolversConvergeAtOrderOne) {
+TEST(SolversOrder, FirstOrderSolversConvergeAtOrderOne) {
   for (SamplerKind kind : {SamplerKind::ode, SamplerKind::ddim}) {
     const double order = observed_order(kind, 32, 0.9);
     EXPECT_GT(order, 0.8) << sampler_info(kind).name;
@@ -77,7 +83,7 @@ TEST(SolverOrder, FirstOrderSolversConvergeAtOrderOne) {
   }
 }
 
-TEST(SolverOrder, SecondOrderSolversConvergeAtOrderTwo) {
+TEST(SolversOrder, SecondOrderSolversConvergeAtOrderTwo) {
   for (double t0 : {0.9, 1.0}) {
     for (SamplerKind kind : {SamplerKind::heun, SamplerKind::dpmpp_2m}) {
       // 64 and 128 steps: at 32, 2M is not yet asymptotic (its error changes sign near 16).
@@ -92,7 +98,7 @@ TEST(SolverOrder, SecondOrderSolversConvergeAtOrderTwo) {
   EXPECT_LT(ddim, 1.3);
 }
 
-TEST(SolverOrder, ThirdOrderSolversConvergeFasterThanSecondOrder) {
+TEST(SolversOrder, ThirdOrderSolversConvergeFasterThanSecondOrder) {
   // UniPC's steps are third order (2M predictor and corrector) and fourth (3M predictor);
   // the published 3M update is second order (its quadratic term is half the Taylor term:
   // docs/model.md §Solvers), with a smaller constant than 2M. The first steps have no
@@ -101,8 +107,9 @@ TEST(SolverOrder, ThirdOrderSolversConvergeFasterThanSecondOrder) {
   // 2M's error (64 steps from t0 = 0.9: 2M 1.8e-3, 3M 8.5e-4, UniPC 1.25e-3, UniPC 3M below 6e-4).
   for (double t0 : {0.9, 1.0}) {
     const double second = solver_error(SamplerKind::dpmpp_2m, 64, t0);
-    for (auto [kind, low, high] : {std::tuple{SamplerKind::dpmpp_3m, 1.9, 3.5}, std::tuple{SamplerKind::unipc, 2.3, 3.6},
-                                   std::tuple{SamplerKind::unipc_3m, 2.8, 5.2}}) {
+    for (auto [kind, low, high] :
+         {std::tuple{SamplerKind::dpmpp_3m, 1.9, 3.5}, std::tuple{SamplerKind::unipc, 2.3, 3.6},
+          std::tuple{SamplerKind::unipc_3m, 2.8, 5.2}}) {
       const double order = observed_order(kind, 64, t0);
       EXPECT_GT(order, low) << sampler_info(kind).name << " from t0 = " << t0;
       EXPECT_LT(order, high) << sampler_info(kind).name << " from t0 = " << t0;
@@ -111,7 +118,7 @@ TEST(SolverOrder, ThirdOrderSolversConvergeFasterThanSecondOrder) {
   }
 }
 
-TEST(SolverOrder, SecondOrderBeatsFirstOrderAtEqualCalls) {
+TEST(SolversOrder, SecondOrderBeatsFirstOrderAtEqualCalls) {
   // 64 denoiser calls each: 2M's error is 0.0021, Heun's (32 steps) 0.0088, ddim's 0.033.
   const double ddim = solver_error(SamplerKind::ddim, 64, 1.0);
   EXPECT_LT(solver_error(SamplerKind::dpmpp_2m, 64, 1.0) * 10, ddim);
@@ -129,7 +136,7 @@ struct WideGaussian {
 
 // The reverse SDE keeps the marginals: with Gaussian data, x at each t has variance
 // α² s² + σ². Checked at t_{N−1}, the last time whose x carries noise.
-TEST(SolverDistribution, SdeSolversKeepTheMarginalVariance) {
+TEST(SolversDistribution, SdeSolversKeepTheMarginalVariance) {
   for (SamplerKind kind : {SamplerKind::dpmpp_2m_sde, SamplerKind::dpmpp_3m_sde}) {
     WideGaussian w;
     const int steps = 40;
@@ -156,7 +163,7 @@ TEST(SolverDistribution, SdeSolversKeepTheMarginalVariance) {
   }
 }
 
-TEST(SolverStep, DdimFromPureNoiseIsExactAndFinite) {
+TEST(SolversStep, DdimFromPureNoiseIsExactAndFinite) {
   // At t = 1, α = 0: x' = σ' x + α' x̂0, with nothing divided by zero.
   const TangentSchedule s;
   const double t_next = 0.8;
@@ -173,7 +180,7 @@ TEST(SolverStep, DdimFromPureNoiseIsExactAndFinite) {
   for (int i = 0; i < 2; ++i) EXPECT_NEAR(x[i], s.sigma(t_next) * start[i] + s.alpha(t_next) * d[i], 1e-15);
 }
 
-TEST(SolverStep, Dpmpp2mSecondStepMatchesHandComputation) {
+TEST(SolversStep, Dpmpp2mSecondStepMatchesHandComputation) {
   // docs/model.md §Solvers: D̄ = D_i + h_i/(2 h_{i−1}) (D_i − D_{i−1}), from a grid that
   // starts below 1 so that the first step's h is finite.
   const TangentSchedule s;
@@ -201,7 +208,7 @@ TEST(SolverStep, Dpmpp2mSecondStepMatchesHandComputation) {
   EXPECT_NEAR(x[0], static_cast<double>(hand), 1e-14);
 }
 
-TEST(SolverStep, UniPCCorrectsWithTheNextCallsPrediction) {
+TEST(SolversStep, UniPCCorrectsWithTheNextCallsPrediction) {
   // docs/model.md §Solvers, from a grid that starts below 1: step 0 predicts with ddim;
   // step 1's call, at that x_1, gives D_1, which corrects x_1 with ρ = b_1(h_0) before
   // step 1 predicts x_2 from the corrected x_1 with the 2M rule. The final x_2 is not
@@ -232,7 +239,7 @@ TEST(SolverStep, UniPCCorrectsWithTheNextCallsPrediction) {
   EXPECT_NEAR(x[0], s.sigma(0.3) / s.sigma(0.6) * corrected + c1 * d_bar, 1e-14);
 }
 
-TEST(SolverHooks, AStepHookAlsoSeesUniPCsCorrectedX) {
+TEST(SolversHooks, AStepHookAlsoSeesUniPCsCorrectedX) {
   // An x-space condition pins x after every step; UniPC's corrector moves x_i again after
   // the call at t_i, so the hook runs once more on it, at t_i and before the next step.
   for (SamplerKind kind : {SamplerKind::unipc, SamplerKind::unipc_3m}) {
@@ -263,7 +270,7 @@ TEST(SolverHooks, AStepHookAlsoSeesUniPCsCorrectedX) {
   }
 }
 
-TEST(SolverSelfConditioning, EveryCallGetsTheMostRecentPrediction) {
+TEST(SolversSelfConditioning, EveryCallGetsTheMostRecentPrediction) {
   for (const SamplerInfo& info : kSamplers) {
     for (HeunSelfCondition heun : {HeunSelfCondition::latest, HeunSelfCondition::step_start}) {
       if (heun == HeunSelfCondition::step_start && info.kind != SamplerKind::heun) continue;
@@ -300,7 +307,7 @@ TEST(SolverSelfConditioning, EveryCallGetsTheMostRecentPrediction) {
   }
 }
 
-TEST(SolverHooks, PredictionHookRunsBeforeTheSolverReadsIt) {
+TEST(SolversHooks, PredictionHookRunsBeforeTheSolverReadsIt) {
   // A hook that pins x̂0 to 3 makes ddim's result at t_min the ODE of a point mass at 3.
   const TangentSchedule s;
   auto denoise = [&](const double*, double, const double*, double* out) { out[0] = -100; };
@@ -320,43 +327,58 @@ TEST(SolverHooks, PredictionHookRunsBeforeTheSolverReadsIt) {
   EXPECT_EQ(steps_seen, 7);
 }
 
-TEST(TimeGrids, LambdaAndKarrasGridsAreSpacedAsDocumented) {
-  const TangentSchedule s;
-  const double r_min = s.noise_ratio(0.05);
-  for (int steps : {2, 3, 10}) {
-    TimeGridOptions lambda{TimeGrid::lambda, 20.0, 7.0};
-    const auto t = time_grid(steps, 0.05, s, lambda);
-    ASSERT_EQ(t.size(), std::size_t(steps) + 1);
-    EXPECT_EQ(t.front(), 1.0);
-    EXPECT_EQ(t.back(), 0.05);
-    EXPECT_NEAR(s.noise_ratio(t[1]), 20.0, 1e-9);
-    for (int i = 1; i + 1 < steps; ++i)
-      EXPECT_NEAR(s.lambda(t[i + 1]) - s.lambda(t[i]), (std::log(20.0) - std::log(r_min)) / (steps - 1), 1e-12)
-          << "lambda grid, step " << i;
-    check_time_grid("test", t);
-
-    TimeGridOptions karras{TimeGrid::karras, 20.0, 7.0};
-    const auto k = time_grid(steps, 0.05, s, karras);
-    EXPECT_EQ(k.front(), 1.0);
-    EXPECT_EQ(k.back(), 0.05);
-    const double a = std::pow(20.0, 1 / 7.0), b = std::pow(r_min, 1 / 7.0);
-    for (int i = 1; i < steps; ++i)
-      EXPECT_NEAR(std::pow(s.noise_ratio(k[i]), 1 / 7.0), a + (i - 1.0) / (steps - 1) * (b - a), 1e-12)
-          << "karras grid, time " << i;
-    check_time_grid("test", k);
+// Hand computation of one Euler step, long double, from the formulas of docs/model.md §Time grid and steps.
+std::vector<long double> hand_step(bool sde, long double t, long double t_next, const std::vector<float>& x,
+                                   const std::vector<float>& x0, const std::vector<float>* noise) {
+  const long double a = ref_alpha(t, 3), s = ref_sigma(t, 3), b = ref_beta(t, 3, 0.95L), dt = t_next - t;
+  std::vector<long double> out;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const long double eps = (x[i] - a * x0[i]) / s;
+    const long double score = -eps / s;
+    const long double drift = sde ? -0.5L * b * x[i] - b * score : -0.5L * b * x[i] - 0.5L * b * score;
+    long double next = x[i] + drift * dt;
+    if (noise) next += std::sqrt(b) * std::sqrt(-dt) * (*noise)[i];
+    out.push_back(next);
   }
-  EXPECT_EQ(time_grid(1, 0.05, s, TimeGridOptions{TimeGrid::karras}), (std::vector<double>{1.0, 0.05}));
-  EXPECT_EQ(time_grid(6, 0.05, s, TimeGridOptions{TimeGrid::uniform}), time_grid(6, 0.05));
-  // sigma_max = 0 (the default) starts the spaced steps at the uniform grid's t_1.
-  for (TimeGrid grid : {TimeGrid::lambda, TimeGrid::karras})
-    for (int steps : {2, 10, 1000}) {
-      const auto t = time_grid(steps, 0.05, s, TimeGridOptions{grid});
-      EXPECT_NEAR(t[1], time_grid(steps, 0.05)[1], 1e-12) << time_grid_info(grid).name << ", " << steps << " steps";
-      check_time_grid("test", t);
+  return out;
+}
+
+TEST(SolversEulerStep, OdeAndSdeMatchHandComputation) {
+  const TangentSchedule s;
+  const std::vector<float> x = {0.5f, -1.25f, 2.0f, 0.0f}, x0 = {0.125f, 0.375f, -0.5f, 1.0f},
+                           xi = {0.75f, -0.25f, 1.5f, -2.0f};
+  for (auto [t, t_next] : {std::pair{0.6, 0.45}, std::pair{1.0, 0.7625}, std::pair{0.2875, 0.05}}) {
+    auto ode = x;
+    euler_step<float>(SamplerKind::ode, s, t, t_next, x0.data(), nullptr, 4, ode.data());
+    auto sde = x;
+    euler_step<float>(SamplerKind::sde, s, t, t_next, x0.data(), xi.data(), 4, sde.data());
+    auto mean = x;
+    euler_step<float>(SamplerKind::sde, s, t, t_next, x0.data(), nullptr, 4, mean.data());
+    const auto ode_ref = hand_step(false, t, t_next, x, x0, nullptr);
+    const auto sde_ref = hand_step(true, t, t_next, x, x0, &xi);
+    const auto mean_ref = hand_step(true, t, t_next, x, x0, nullptr);
+    for (int i = 0; i < 4; ++i) {
+      const double tol = 2e-7 * std::max(1.0L, std::fabs(sde_ref[i]));
+      EXPECT_NEAR(ode[i], ode_ref[i], tol) << "ODE t=" << t << " i=" << i;
+      EXPECT_NEAR(sde[i], sde_ref[i], tol) << "SDE t=" << t << " i=" << i;
+      EXPECT_NEAR(mean[i], mean_ref[i], tol) << "SDE mean t=" << t << " i=" << i;
     }
-  // λ and t: inverse functions, λ = −∞ at t = 1.
-  for (double t : {0.05, 0.3, 0.7, 0.99}) EXPECT_NEAR(s.time_of_lambda(s.lambda(t)), t, 1e-14);
-  EXPECT_EQ(s.lambda(1.0), -std::numeric_limits<double>::infinity());
+    // The ODE ignores noise.
+    auto ode_noise = x;
+    euler_step<float>(SamplerKind::ode, s, t, t_next, x0.data(), xi.data(), 4, ode_noise.data());
+    EXPECT_EQ(ode_noise, ode);
+  }
+}
+
+TEST(SolversEulerStep, RejectsNonDecreasingTime) {
+  const TangentSchedule s;
+  float x = 0, x0 = 0;
+  try {
+    euler_step<float>(SamplerKind::ode, s, 0.5, 0.5, &x0, nullptr, 1, &x);
+    FAIL() << "dt = 0 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("t_next must be < t"));
+  }
 }
 
 template <class F>
@@ -369,7 +391,7 @@ std::string error_of(F&& f) {
   return "no error";
 }
 
-TEST(SolverErrors, BadGridsAndPredictionsAreClearErrors) {
+TEST(SolversErrors, BadGridsAndPredictionsAreClearErrors) {
   const TangentSchedule s;
   EXPECT_THAT(error_of([&] {
                 check_time_grid("sample", std::vector<double>{1.0, 0.5, 0.5, 0.1});
@@ -413,4 +435,5 @@ TEST(SolverErrors, BadGridsAndPredictionsAreClearErrors) {
 }
 
 }  // namespace
+}  // namespace unit_sampling_solvers
 }  // namespace ldlm

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+namespace unit_io_safetensors {
 namespace {
 
 using ldlm::test::error_of;
@@ -512,3 +513,4 @@ TEST(SafetensorsHostile, ReadFloatAsInt) {
 }
 
 }  // namespace
+}  // namespace unit_io_safetensors

@@ -2,7 +2,7 @@
 // file's __metadata__, its resolution against a given one, files without metadata,
 // malformed metadata, the generated feature model, and GPT-2's attention buffers,
 // which every loader ignores. Parity checks use the model_small dumps with the
-// single-module float32 tolerance of test_model.cpp, |got - ref| <= 1e-5 + 1e-5·|ref|.
+// single-module float32 tolerance of parity/test_modules.cpp, |got - ref| <= 1e-5 + 1e-5·|ref|.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +16,7 @@
 #include "support/files.hpp"
 #include "support/reference.hpp"
 
+namespace unit_model_checkpoint {
 namespace {
 
 using namespace ldlm;
@@ -29,7 +30,6 @@ using ldlm::test::raw_tensors;
 using ldlm::test::RawTensor;
 using ldlm::test::read_tensor;
 using ldlm::test::TempDir;
-using ldlm::test::Tolerance;
 using ldlm::test::write_tensors;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -92,7 +92,7 @@ void expect_small_parity(const LDLM<float>& m) {
 // The configuration in __metadata__
 // ---------------------------------------------------------------------------
 
-TEST(SelfDescribingCheckpoint, SaveModelStoresTheConfigAndLoadModelNeedsNone) {
+TEST(CheckpointSelfDescribing, SaveModelStoresTheConfigAndLoadModelNeedsNone) {
   TempDir dir;
   Config c = small_config();
   c.t_min = 0.125;  // a sampling setting, which shapes no tensor, travels too
@@ -115,7 +115,7 @@ TEST(SelfDescribingCheckpoint, SaveModelStoresTheConfigAndLoadModelNeedsNone) {
   EXPECT_TRUE(same_parameters(original, loaded));
 }
 
-TEST(SelfDescribingCheckpoint, MismatchNamesEveryDifferingKeyWithBothValues) {
+TEST(CheckpointSelfDescribing, MismatchNamesEveryDifferingKeyWithBothValues) {
   TempDir dir;
   const std::string path = small_weights_with(dir, "w.safetensors", {{kConfigKey, small_config().to_json().dump()}});
   Config given = small_config();
@@ -134,7 +134,7 @@ TEST(SelfDescribingCheckpoint, MismatchNamesEveryDifferingKeyWithBothValues) {
                          HasSubstr("rotary_interleaved (given true, file false)"), Not(HasSubstr("head_dim"))));
 }
 
-TEST(SelfDescribingCheckpoint, FileWithoutMetadataLoadsWithTheGivenConfigOrAsLdlmBase) {
+TEST(CheckpointSelfDescribing, FileWithoutMetadataLoadsWithTheGivenConfigOrAsLdlmBase) {
   const auto file = open_reference("model_small/weights.safetensors");
   ASSERT_EQ(file.metadata().count(kConfigKey), 0u);
   EXPECT_FALSE(read_config(file));
@@ -149,7 +149,7 @@ TEST(SelfDescribingCheckpoint, FileWithoutMetadataLoadsWithTheGivenConfigOrAsLdl
               AllOf(HasSubstr("feature_model.wte.weight"), HasSubstr("expected shape [50259, 768], got [101, 64]")));
 }
 
-TEST(SelfDescribingCheckpoint, MalformedConfigIsAConfigErrorNamingFileAndKey) {
+TEST(CheckpointSelfDescribing, MalformedConfigIsAConfigErrorNamingFileAndKey) {
   TempDir dir;
   const struct {
     const char* text;
@@ -193,7 +193,7 @@ LDLM<float> small_model_seed1() {
   return m;
 }
 
-TEST(GeneratedFeatureModel, SavedWithoutItsTensorsAndRegeneratedOnLoad) {
+TEST(CheckpointGeneratedFeatureModel, SavedWithoutItsTensorsAndRegeneratedOnLoad) {
   TempDir dir;
   const LDLM<float> original = small_model_seed1();
   ModelSaveOptions save;
@@ -226,7 +226,7 @@ TEST(GeneratedFeatureModel, SavedWithoutItsTensorsAndRegeneratedOnLoad) {
   EXPECT_GT(ldlm::test::max_abs_diff(other.feature_model.forward(ctx, tokens), ref), 1e-2);
 }
 
-TEST(GeneratedFeatureModel, SaveChecksThatTheFeatureModelIsTheGenerators) {
+TEST(CheckpointGeneratedFeatureModel, SaveChecksThatTheFeatureModelIsTheGenerators) {
   TempDir dir;
   const LDLM<float> original = small_model_seed1();
   ModelSaveOptions save;
@@ -235,7 +235,7 @@ TEST(GeneratedFeatureModel, SaveChecksThatTheFeatureModelIsTheGenerators) {
               AllOf(HasSubstr("feature_model.wte.weight"), HasSubstr("feature_model_init_seed 2")));
 }
 
-TEST(GeneratedFeatureModel, SeedWithStoredFeatureModelTensorsIsRejected) {
+TEST(CheckpointGeneratedFeatureModel, SeedWithStoredFeatureModelTensorsIsRejected) {
   TempDir dir;
   const std::string path =
       small_weights_with(dir, "both.safetensors", {{kConfigKey, small_config().to_json().dump()}, {kSeedKey, "1"}});
@@ -247,7 +247,7 @@ TEST(GeneratedFeatureModel, SeedWithStoredFeatureModelTensorsIsRejected) {
   EXPECT_EQ(error_of<CheckpointError>([&] { load_module(m, file, "feature_model"); }), msg);
 }
 
-TEST(GeneratedFeatureModel, MalformedSeedNamesFileAndKey) {
+TEST(CheckpointGeneratedFeatureModel, MalformedSeedNamesFileAndKey) {
   TempDir dir;
   int n = 0;
   for (const std::string bad : {"", "-1", "+1", " 1", "1 ", "0x10", "1e3", "18446744073709551616", "seven"}) {
@@ -267,7 +267,7 @@ TEST(GeneratedFeatureModel, MalformedSeedNamesFileAndKey) {
 // GPT-2's attention buffers
 // ---------------------------------------------------------------------------
 
-TEST(Gpt2Buffers, ExactNamesOnly) {
+TEST(CheckpointGpt2Buffers, ExactNamesOnly) {
   for (const char* name : {"h.0.attn.bias", "h.11.attn.masked_bias", "feature_model.h.2.attn.bias",
                            "feature_model.h.10.attn.masked_bias", "transformer.h.0.attn.bias"})
     EXPECT_TRUE(is_gpt2_buffer(name)) << name;
@@ -299,7 +299,7 @@ std::vector<RawTensor> small_weights_with_buffers() {
   return tensors;
 }
 
-TEST(Gpt2Buffers, EveryLoaderIgnoresThem) {
+TEST(CheckpointGpt2Buffers, EveryLoaderIgnoresThem) {
   TempDir dir;
   write_tensors(small_weights_with_buffers(), dir / "buffers.safetensors",
                 {{kConfigKey, small_config().to_json().dump()}});
@@ -317,7 +317,7 @@ TEST(Gpt2Buffers, EveryLoaderIgnoresThem) {
   expect_small_parity(strict);
 }
 
-TEST(Gpt2Buffers, ANearMissIsStillUnexpected) {
+TEST(CheckpointGpt2Buffers, ANearMissIsStillUnexpected) {
   TempDir dir;
   auto tensors = small_weights_with_buffers();
   tensors.push_back({"feature_model.h.0.attn.bias_old", DType::F32, {1}, bytes_of(std::vector<float>{1})});
@@ -332,7 +332,7 @@ TEST(Gpt2Buffers, ANearMissIsStillUnexpected) {
               AllOf(HasSubstr("unexpected 1 tensor(s) under 'feature_model.'"), HasSubstr("attn.bias_old")));
 }
 
-TEST(ModuleByName, UnknownNameIsAnInvalidArgument) {
+TEST(CheckpointModuleByName, UnknownNameIsAnInvalidArgument) {
   LDLM<float> m(small_config());
   const auto file = open_reference("model_small/weights.safetensors");
   EXPECT_THAT(error_of<InvalidArgument>([&] { load_module(m, file, "decoder"); }),
@@ -340,3 +340,4 @@ TEST(ModuleByName, UnknownNameIsAnInvalidArgument) {
 }
 
 }  // namespace
+}  // namespace unit_model_checkpoint

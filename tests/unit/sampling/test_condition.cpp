@@ -17,6 +17,7 @@
 #include "support/reference.hpp"
 
 namespace ldlm {
+namespace unit_sampling_condition {
 namespace {
 
 using ::testing::HasSubstr;
@@ -272,4 +273,5 @@ TEST(Condition, BadInputIsAClearError) {
 }
 
 }  // namespace
+}  // namespace unit_sampling_condition
 }  // namespace ldlm

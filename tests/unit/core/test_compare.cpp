@@ -11,6 +11,7 @@
 
 #include "ldlm/core/compare.hpp"
 
+namespace unit_core_compare {
 namespace {
 
 using ldlm::compare_values;
@@ -60,3 +61,4 @@ TEST(Compare, IndexStringIsTheRowMajorMultiIndex) {
 }
 
 }  // namespace
+}  // namespace unit_core_compare

@@ -11,6 +11,7 @@
 #include "support/errors.hpp"
 
 namespace ldlm {
+namespace unit_io_masked_text {
 namespace {
 
 using Ids = std::vector<std::int64_t>;
@@ -51,4 +52,5 @@ TEST(MaskedText, InvalidUtf8IsAnErrorAtItsOffsetInTheWholeText) {
 }
 
 }  // namespace
+}  // namespace unit_io_masked_text
 }  // namespace ldlm

@@ -15,7 +15,7 @@
 //   `lscpu` "AMD EPYC", family 26 model 2), g++ 12 -O3 -march=native, oneDNN, 2 threads:
 //   at most 1.9e-6 (denoiser output_layer.linear.input), 1.2e-6 (latent_decoder
 //   layers.1), 7e-7 or less elsewhere; values are O(1), so at least 5x below the bound.
-// - bf16 mode against the `.bf16` dumps, 6e-3 + 6e-3·|ref| (test_precision.cpp
+// - bf16 mode against the `.bf16` dumps, 6e-3 + 6e-3·|ref| (parity/test_bf16_model.cpp
 //   kBf16Module): fp32 activations that differ in their last bits may round to
 //   neighbouring bf16 operands, moving a product term by 2^-8 of itself, and this
 //   compounds with depth; the deepest value here (encoder latent_layers.1: 1.3e-3 on the
@@ -39,16 +39,16 @@
 #include "support/modules.hpp"
 #include "support/reference.hpp"
 
+namespace parity_blocks {
 namespace {
 
 using namespace ldlm;
 using ldlm::test::kFp32Dump;
 using ldlm::test::open_reference;
-using ldlm::test::read_tensor;
 using ldlm::test::Tolerance;
 using ::testing::HasSubstr;
 
-constexpr Tolerance kBf16{6e-3, 6e-3};  // test_precision.cpp kBf16Module
+constexpr Tolerance kBf16{6e-3, 6e-3};  // parity/test_bf16_model.cpp kBf16Module
 
 struct Observed {
   std::string module, name;
@@ -200,3 +200,4 @@ TEST_F(BlockDivergence, NamesAMissingOrMisplacedValue) {
 }
 
 }  // namespace
+}  // namespace parity_blocks

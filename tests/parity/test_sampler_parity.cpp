@@ -18,6 +18,7 @@
 #include "ldlm/ldlm.hpp"
 #include "support/reference.hpp"
 
+namespace parity_sampler_parity {
 namespace {
 
 using namespace ldlm;
@@ -502,3 +503,4 @@ TEST(SamplerParity, ConditionDumpsRejectPlantedBugs) {
 }
 
 }  // namespace
+}  // namespace parity_sampler_parity

@@ -1,15 +1,14 @@
-// Reliability: determinism across runs and thread counts, concurrent forward
-// passes on one shared const model, the optional NaN/Inf check, and API-boundary
-// validation not covered by test_model.cpp (B = 0, T = max_positions + 1 for the
-// encoder and token decoder, thread counts, rank mismatches, invalid configs).
+// Reliability across the stack: determinism across runs and thread counts, concurrent
+// forward passes on one shared const model, the optional NaN/Inf check on every module, and
+// validation that spans the modules (B = 0, T = max_positions + 1 for the encoder and token
+// decoder, rank mismatches, batches whose activations overflow an index).
 //
 // The model is model_small (tests/data/model_small/config.json) with weights from
 // init_parameters(model, 3); the inputs are the model_small reference inputs
 // (B = 2, T = 37), so every module runs on realistic activations.
 //
-// ReliabilityConcurrent.* is what the tsan preset runs (ctest -R Concurrent); the
-// ReliabilityConcurrentThrows.* cases drive ThreadPool::parallel_for with tasks
-// that throw on workers and on the calling thread, hundreds of times over.
+// ReliabilityConcurrent.* is what the tsan preset runs (ctest -R Concurrent), with
+// ContextConcurrentThrows.* (unit/core/test_context.cpp) and TokenizerConcurrent.*.
 //
 // 1 vs 2 threads: each op splits its work into tasks with disjoint outputs, but
 // the split changes the shapes of the sub-products and so their summation order:
@@ -21,10 +20,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <array>
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <latch>
@@ -34,10 +29,11 @@
 #include <thread>
 #include <vector>
 
-#include "ldlm/io/state_dict.hpp"
 #include "ldlm/ldlm.hpp"
 #include "support/reference.hpp"
+#include "support/configs.hpp"
 
+namespace system_reliability {
 namespace {
 
 using namespace ldlm;
@@ -50,6 +46,8 @@ using ldlm::test::Tolerance;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
+
+using ldlm::test::largest_config;
 
 constexpr Tolerance kAcrossThreadCounts{1e-5, 1e-5};
 
@@ -229,146 +227,6 @@ TEST(ReliabilityConcurrent, ContextsSharingOnePoolAreSerialised) {
 }
 
 // ---------------------------------------------------------------------------
-// 2b. Exceptions inside parallel_for: the first one reaches the caller only after
-//     every worker has left the job, and the pool works normally afterwards
-// ---------------------------------------------------------------------------
-
-constexpr int kThrowingRounds = 300;
-
-/// Spins (yielding) until pred() holds.
-template <class P>
-void wait_until(P&& pred) {
-  while (!pred()) std::this_thread::yield();
-}
-
-/// A normal job after a failed one: every task runs exactly once, and parallel_for
-/// returns only after all of them (a wrong busy-worker count would return early).
-void expect_pool_works(ThreadPool& pool, const std::string& after) {
-  constexpr Index n = 97;
-  std::vector<std::atomic<int>> runs(n);
-  std::atomic<int> finished{0};
-  pool.parallel_for(n, [&](Index task, int worker) {
-    EXPECT_GE(worker, 0);
-    EXPECT_LT(worker, pool.size());
-    runs[std::size_t(task)].fetch_add(1);
-    finished.fetch_add(1);
-  });
-  EXPECT_EQ(finished.load(), n) << "parallel_for returned before all tasks finished, " << after;
-  for (Index i = 0; i < n; ++i) ASSERT_EQ(runs[std::size_t(i)].load(), 1) << "task " << i << ", " << after;
-}
-
-TEST(ReliabilityConcurrentThrows, WorkerExceptionReachesTheCaller) {
-  ThreadPool pool(3);
-  for (int round = 0; round < kThrowingRounds; ++round) {
-    std::atomic<bool> worker_inside{false};
-    std::atomic<int> in_flight{0};
-    const std::string message = error_of<ShapeError>([&] {
-      pool.parallel_for(64, [&](Index task, int worker) {
-        in_flight.fetch_add(1);
-        if (worker == 0) {
-          // The caller's task holds on until a worker has taken one, so the
-          // exception really comes from a worker thread.
-          wait_until([&] { return worker_inside.load(); });
-        } else {
-          worker_inside.store(true);
-          in_flight.fetch_sub(1);
-          throw ShapeError("task " + std::to_string(task) + " failed on worker " + std::to_string(worker));
-        }
-        in_flight.fetch_sub(1);
-      });
-    });
-    ASSERT_THAT(message, AllOf(HasSubstr("failed on worker "), ::testing::Not(HasSubstr("worker 0"))))
-        << "round " << round;
-    ASSERT_EQ(in_flight.load(), 0) << "a task was still running when the exception arrived, round " << round;
-    expect_pool_works(pool, "round " + std::to_string(round));
-  }
-}
-
-/// Runs a job whose calling-thread task throws while both workers are still inside
-/// body, writing into `slots`, a local of this frame: if parallel_for let the
-/// exception out before the workers were done, they would write into freed memory
-/// (AddressSanitizer) and `in_flight` would not be 0 at the catch.
-void throw_on_the_caller_while_workers_run(ThreadPool& pool, std::atomic<int>& in_flight) {
-  std::vector<int> slots(64, 0);
-  std::atomic<bool> caller_threw{false};
-  pool.parallel_for(64, [&](Index task, int worker) {
-    if (worker == 0) {
-      wait_until([&] { return in_flight.load() == pool.size() - 1; });
-      caller_threw.store(true);
-      throw InvalidArgument("caller task " + std::to_string(task) + " failed");
-    }
-    in_flight.fetch_add(1);
-    wait_until([&] { return caller_threw.load(); });
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-    slots[std::size_t(task)] = worker;  // still touching the caller's frame
-    in_flight.fetch_sub(1);
-  });
-}
-
-TEST(ReliabilityConcurrentThrows, CallerExceptionWaitsForTheWorkers) {
-  ThreadPool pool(3);
-  for (int round = 0; round < kThrowingRounds; ++round) {
-    std::atomic<int> in_flight{0};
-    const std::string message =
-        error_of<InvalidArgument>([&] { throw_on_the_caller_while_workers_run(pool, in_flight); });
-    ASSERT_THAT(message, HasSubstr("caller task ")) << "round " << round;
-    ASSERT_EQ(in_flight.load(), 0) << "workers were still inside the job when the exception arrived, round " << round;
-    expect_pool_works(pool, "round " + std::to_string(round));
-  }
-}
-
-TEST(ReliabilityConcurrentThrows, EveryTaskThrowingGivesOneExceptionAndSkipsTheRest) {
-  ThreadPool pool(2);
-  for (int round = 0; round < kThrowingRounds; ++round) {
-    std::atomic<int> started{0};
-    const std::string message = error_of<Error>([&] {
-      pool.parallel_for(1000, [&](Index task, int) {
-        started.fetch_add(1);
-        throw Error("task " + std::to_string(task));
-      });
-    });
-    ASSERT_THAT(message, HasSubstr("task ")) << "round " << round;
-    // Each thread stops at its first failure: at most one task per thread ran.
-    ASSERT_LE(started.load(), pool.size()) << "round " << round;
-    expect_pool_works(pool, "round " + std::to_string(round));
-  }
-}
-
-TEST(ReliabilityConcurrentThrows, OpThatThrowsInATaskLeavesTheContextUsable) {
-  // A real op: linear's epilogue runs inside the pool's tasks, on both threads.
-  Context ctx(2);
-  const Matrix<float> x = Matrix<float>::Random(256, 24), w = Matrix<float>::Random(40, 24);
-  const Matrix<float> want = x * w.transpose();
-  Matrix<float> y(256, 40);
-  for (int round = 0; round < kThrowingRounds / 3; ++round) {
-    std::atomic<int> blocks{0};
-    EXPECT_THAT(error_of<NumericError>([&] {
-                  linear<float>(ctx, x, w, nullptr, y, WeightLayout::out_in, [&](MatRef<float>) {
-                    if (blocks.fetch_add(1) == round % 2) throw NumericError("epilogue: block rejected");
-                  });
-                }),
-                HasSubstr("epilogue: block rejected"));
-    y.setZero();
-    linear<float>(ctx, x, w, nullptr, y);
-    ASSERT_LT((y - want).cwiseAbs().maxCoeff(), 1e-4f) << "round " << round;
-  }
-}
-
-TEST(ReliabilityConcurrentThrows, OneThreadPoolPassesTheExceptionThrough) {
-  ThreadPool pool(1);
-  int ran = 0;
-  EXPECT_THAT(error_of<ShapeError>([&] {
-                pool.parallel_for(5, [&](Index task, int) {
-                  ++ran;
-                  if (task == 2) throw ShapeError("task 2");
-                });
-              }),
-              HasSubstr("task 2"));
-  EXPECT_EQ(ran, 3);
-  expect_pool_works(pool, "after the one-thread failure");
-}
-
-// ---------------------------------------------------------------------------
 // 3. The optional NaN/Inf check (Context::check_finite)
 // ---------------------------------------------------------------------------
 
@@ -433,9 +291,10 @@ TEST(ReliabilityFiniteCheck, FiniteModelPassesTheCheck) {
 }
 
 // ---------------------------------------------------------------------------
-// 4. API-boundary validation (test_model.cpp covers token ids, T = 0 / T = 49 for
-//    the feature model, encoder, latent decoder and denoiser, feature widths,
-//    self_cond and t; these are the remaining cases)
+// 4. API-boundary validation across the modules (unit/model/test_common.cpp covers
+//    token ids, T = 0 / T = 49 for the feature model, encoder, latent decoder and
+//    denoiser, feature widths, self_cond and t; thread counts and worker arenas are in
+//    unit/core/test_context.cpp, config keys in unit/model/test_config.cpp)
 // ---------------------------------------------------------------------------
 
 TEST(ReliabilityInputs, EmptyBatchIsRejectedByEveryModule) {
@@ -488,63 +347,6 @@ TEST(ReliabilityInputs, DenoiserInputWidth) {
               HasSubstr("denoiser: tensor 'self_cond' expected shape [2, 5, 64], got [2, 5, 65]"));
 }
 
-TEST(ReliabilityInputs, ThreadCountMustBePositive) {
-  EXPECT_THAT(error_of<InvalidArgument>([] { ThreadPool pool(0); }),
-              HasSubstr("ThreadPool: thread count must be >= 1, got 0"));
-  EXPECT_THAT(error_of<InvalidArgument>([] { Context ctx(-1); }),
-              HasSubstr("ThreadPool: thread count must be >= 1, got -1"));
-  EXPECT_THAT(error_of<InvalidArgument>([] { Context ctx(0); }), HasSubstr("got 0"));
-}
-
-TEST(ReliabilityInputs, WorkerArenasBelongToTheirWorkers) {
-  ThreadPool pool(2);
-  Context ctx(pool);
-  EXPECT_THAT(error_of<InvalidArgument>([&] { ctx.worker_arena(2); }),
-              HasSubstr("Context::worker_arena: worker 2 of a pool of 2 threads"));
-  EXPECT_THAT(error_of<InvalidArgument>([&] { ctx.worker_arena(-1); }), HasSubstr("worker -1"));
-
-  // Two tasks that wait for each other run at once, on both workers. Each fills scratch
-  // from its worker's arena; a buffer shared between them would end up with one
-  // pattern in both.
-  constexpr std::size_t kBytes = 1 << 16;
-  std::latch filled(2), checked(2);
-  std::array<std::thread::id, 2> thread_of{};
-  std::array<std::ptrdiff_t, 2> own_bytes{};
-  pool.parallel_for(2, [&](Index, int worker) {
-    Arena& arena = ctx.worker_arena(worker);
-    Arena::Scope scope(arena);
-    std::byte* p = arena.allocate<std::byte>(kBytes);
-    const auto pattern = std::byte{static_cast<unsigned char>(worker + 1)};
-    std::fill_n(p, kBytes, pattern);
-    thread_of[static_cast<std::size_t>(worker)] = std::this_thread::get_id();
-    filled.arrive_and_wait();
-    own_bytes[static_cast<std::size_t>(worker)] = std::count(p, p + kBytes, pattern);
-    checked.arrive_and_wait();  // neither buffer is given back before both are counted
-  });
-  EXPECT_EQ(own_bytes[0], static_cast<std::ptrdiff_t>(kBytes));
-  EXPECT_EQ(own_bytes[1], static_cast<std::ptrdiff_t>(kBytes));
-  EXPECT_NE(thread_of[0], thread_of[1]);
-
-  // A worker index names one thread for the pool's lifetime.
-  std::array<std::atomic<int>, 2> elsewhere{};
-  pool.parallel_for(256, [&](Index, int worker) {
-    if (std::this_thread::get_id() != thread_of[static_cast<std::size_t>(worker)]) ++elsewhere[worker];
-  });
-  EXPECT_EQ(elsewhere[0].load() + elsewhere[1].load(), 0);
-
-  // Attention and packed products take their task scratch from the workers' arenas,
-  // never from the caller's (which may hold the caller's own buffers meanwhile).
-  Context two(2);
-  const Matrix<float> qkv = Matrix<float>::Random(256, 3 * 64), x = Matrix<float>::Random(256, 64);
-  Matrix<float> attended(256, 64), y(256, 96);
-  attention<float>(two, {qkv.data(), 3 * 64}, {qkv.data() + 64, 3 * 64}, {qkv.data() + 128, 3 * 64}, attended.data(),
-                   64, AttentionShape{1, 256, 256, 2, 32}, AttentionOptions{});
-  linear(two, x, PackedMatrix::pack(Matrix<float>::Random(96, 64), WeightLayout::out_in, Precision::fp32), nullptr,
-         MatRef<float>(y));
-  EXPECT_EQ(two.arena().capacity(), 0u);
-  EXPECT_GT(two.worker_arena(0).capacity() + two.worker_arena(1).capacity(), 0u);
-}
-
 TEST(ReliabilityInputs, RankMismatchNamesBothShapes) {
   EXPECT_THAT(error_of<ShapeError>([] {
                 check_shape("op", "x", {2, 3}, Shape{2, 3, 1});
@@ -574,81 +376,6 @@ TEST(ReliabilityInputs, RankMismatchNamesBothShapes) {
   fs::remove_all(dir);
 }
 
-TEST(ReliabilityInputs, InvalidConfigIsRejectedBeforeAnyModuleIsBuilt) {
-  Config no_heads = small_config();
-  no_heads.n_heads = 0;
-  EXPECT_THAT(error_of<ConfigError>([&] { LDLM<float> m(no_heads); }),
-              HasSubstr("config: 'n_heads' must be >= 1, got 0"));
-  Config odd = small_config();
-  odd.head_dim = 15;
-  odd.n_heads = 1;
-  odd.d_model = 15;
-  EXPECT_THAT(error_of<ConfigError>([&] { LDLM<float> m(odd); }), HasSubstr("config: 'head_dim' must be even"));
-  Config huge = small_config();
-  huge.vocab_size = std::int64_t{1} << 40;
-  EXPECT_THAT(error_of<ConfigError>([&] { LDLM<float> m(huge); }),
-              HasSubstr("config: 'vocab_size' must be <= 4194304, got 1099511627776"));
-}
-
-// ---------------------------------------------------------------------------
-// 5. Size arithmetic cannot overflow: bounded config keys, batches checked
-//    against the widest row, overflow-checked products in the arena
-// ---------------------------------------------------------------------------
-
-/// ldlm-base with every bounded size key at its maximum (still a valid config).
-Config largest_config() {
-  Config c;
-  c.d_model = 1 << 16;
-  c.n_heads = 1;
-  c.head_dim = 1 << 16;
-  c.mlp_mult = 64;
-  c.max_positions = 1 << 20;
-  c.vocab_size = 1 << 22;
-  c.token_decoder_mlp_hidden = 1 << 22;
-  c.encoder_layers = c.latent_decoder_layers = c.token_decoder_layers = 1024;
-  c.denoiser_blocks = c.gpt2_layers = c.gpt2_feature_layers = 1024;
-  return c;
-}
-
-TEST(ReliabilityOverflow, ConfigSizeKeysHaveRealisticInclusiveBounds) {
-  const Config largest = largest_config();
-  EXPECT_NO_THROW(largest.validate());
-  EXPECT_EQ(largest.widest_row(), std::int64_t{1} << 22);
-  // Parameter counts of the largest model are formed without overflow.
-  const ParameterCounts counts = count_parameters(largest);
-  ::testing::Test::RecordProperty("largest_config.trained", std::to_string(counts.trained));
-  EXPECT_GT(counts.trained, std::int64_t{1} << 50);
-  EXPECT_LT(counts.trained + counts.frozen, std::int64_t{1} << 53);
-
-  struct Bound {
-    const char* key;
-    std::int64_t max;
-    std::int64_t Config::*field;
-  };
-  const Bound bounds[] = {{"d_model", 65536, &Config::d_model},
-                          {"n_heads", 65536, &Config::n_heads},
-                          {"head_dim", 65536, &Config::head_dim},
-                          {"mlp_mult", 64, &Config::mlp_mult},
-                          {"max_positions", 1048576, &Config::max_positions},
-                          {"vocab_size", 4194304, &Config::vocab_size},
-                          {"token_decoder_mlp_hidden", 4194304, &Config::token_decoder_mlp_hidden},
-                          {"encoder_layers", 1024, &Config::encoder_layers},
-                          {"denoiser_blocks", 1024, &Config::denoiser_blocks},
-                          {"gpt2_layers", 1024, &Config::gpt2_layers}};
-  for (const Bound& b : bounds) {
-    SCOPED_TRACE(b.key);
-    EXPECT_EQ(Config::max_value(b.key), b.max);
-    Config over = largest;
-    over.*b.field = b.max + 1;
-    EXPECT_THAT(error_of<ConfigError>([&] { over.validate(); }),
-                HasSubstr("config: '" + std::string(b.key) + "' must be <= " + std::to_string(b.max) + ", got " +
-                          std::to_string(b.max + 1)));
-  }
-  // The JSON route reaches the same check.
-  EXPECT_THAT(error_of<ConfigError>([] { Config::parse(R"({"max_positions": 16777216})"); }),
-              HasSubstr("config: 'max_positions' must be <= 1048576, got 16777216"));
-}
-
 TEST(ReliabilityOverflow, BatchWhoseActivationsOverflowAnIndexIsRejected) {
   // The largest config: B · T · widest_row = 2^20 · 2^20 · 2^22 = 2^62 fits, twice that does not.
   const Config c = largest_config();
@@ -671,37 +398,5 @@ TEST(ReliabilityOverflow, BatchWhoseActivationsOverflowAnIndexIsRejected) {
   EXPECT_EQ(ctx.arena().capacity(), 0u);
 }
 
-TEST(ReliabilityOverflow, CheckedProductBoundaries) {
-  constexpr Index kMax = std::numeric_limits<Index>::max();
-  EXPECT_EQ(checked_product<Index>({Index{1} << 31, Index{1} << 31}), Index{1} << 62);
-  EXPECT_EQ(checked_product<Index>({Index{1} << 31, Index{1} << 31, 2}), std::nullopt);
-  EXPECT_EQ(checked_product<Index>({kMax, 1}), kMax);
-  EXPECT_EQ(checked_product<Index>({0, kMax, kMax}), 0);
-  EXPECT_EQ(checked_product<Index>({Index{1} << 32, Index{1} << 31}), std::nullopt);
-  EXPECT_EQ(checked_product<Index>({kMax / 2 + 1, 2}), std::nullopt);
-  EXPECT_EQ(checked_product<Index>({-1, 5}), std::nullopt);
-  EXPECT_EQ(checked_product<Index>({}), 1);
-  constexpr std::size_t kSizeMax = std::numeric_limits<std::size_t>::max();
-  EXPECT_EQ(checked_product<std::size_t>({kSizeMax / 4, 4}), kSizeMax / 4 * 4);
-  EXPECT_EQ(checked_product<std::size_t>({kSizeMax / 4 + 1, 4}), std::nullopt);
-}
-
-TEST(ReliabilityOverflow, ArenaRejectsByteCountsThatOverflow) {
-  Arena arena;
-  constexpr std::size_t kSizeMax = std::numeric_limits<std::size_t>::max();
-  EXPECT_THAT(error_of<InvalidArgument>([&] { arena.allocate<double>(kSizeMax / 8 + 1); }),
-              HasSubstr("Arena::allocate: 2305843009213693952 values of 8 bytes exceed the address space"));
-  // Rounding up to the 64-byte alignment must not wrap either.
-  EXPECT_THAT(error_of<InvalidArgument>([&] { arena.allocate<std::byte>(kSizeMax - 62); }),
-              HasSubstr("values of 1 bytes exceed the address space"));
-  // A negative Index converted to size_t (rows * d gone wrong upstream) is caught the same way.
-  EXPECT_THAT(error_of<InvalidArgument>([&] { arena.allocate<float>(static_cast<std::size_t>(Index{-64})); }),
-              HasSubstr("values of 4 bytes exceed the address space"));
-  EXPECT_EQ(arena.capacity(), 0u);
-  // Normal use afterwards.
-  float* p = arena.allocate<float>(100);
-  p[99] = 1.0f;
-  EXPECT_GE(arena.capacity(), 400u);
-}
-
 }  // namespace
+}  // namespace system_reliability

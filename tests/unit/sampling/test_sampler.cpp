@@ -1,19 +1,15 @@
-// Sampling (docs/model.md §Sampler): the tangent schedule against the formulas written
-// out here in long double, Euler steps against hand computation, the sampler's
-// reproducibility, progress/cancellation, argument checks, the absence of heap
-// allocation inside the loop, and the pipeline on the model_small dumps.
+// The sampler (sampling/sampler.hpp, docs/model.md §Sampler) on model_small's architecture
+// with generated weights: reproducibility, the latents as the last deterministic mean,
+// progress/cancellation, argument checks, and the absence of heap allocation inside the loop.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <new>
 #include <utility>
 #include <vector>
 
-#include "ldlm/io/state_dict.hpp"
 #include "ldlm/ldlm.hpp"
 #include "support/reference.hpp"
 
@@ -40,163 +36,11 @@ __attribute__((weak)) void operator delete(void* p) noexcept { std::free(p); }
 __attribute__((weak)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace ldlm {
+namespace unit_sampling_sampler {
 namespace {
 
 using test::data_path;
 using ::testing::HasSubstr;
-
-constexpr long double kPi = 3.141592653589793238462643383279502884L;
-
-// docs/model.md §Noise schedule, written independently of schedule.hpp.
-long double ref_alpha(long double t, long double D) {
-  const long double tan = std::tan(kPi * t / 2);
-  return 1.0L / std::sqrt(1.0L + D * D * tan * tan);
-}
-long double ref_sigma(long double t, long double D) {
-  const long double a = ref_alpha(t, D);
-  return std::sqrt(1.0L - a * a);
-}
-long double ref_beta(long double t, long double D, long double clip) {
-  const long double tc = t < clip ? t : clip;
-  const long double tan = std::tan(kPi * tc / 2);
-  return kPi * D * D * tan * (1.0L + tan * tan) / (1.0L + D * D * tan * tan);
-}
-
-void expect_close(double got, long double ref, const char* what, double t) {
-  const long double tol = 1e-12L * std::fabs(ref) + 1e-15L;
-  EXPECT_LE(std::fabs(static_cast<long double>(got) - ref), tol)
-      << what << "(" << t << "): got " << got << ", reference " << static_cast<double>(ref);
-}
-
-TEST(Schedule, MatchesSpecFormulasAtSeveralTimes) {
-  const TangentSchedule s = TangentSchedule::from_config(Config{});
-  EXPECT_EQ(s.d, 3.0);
-  EXPECT_EQ(s.beta_t_clip, 0.95);
-  for (double t : {0.05, 0.3, 0.5, 0.9, 0.97, 1.0}) {
-    expect_close(s.alpha(t), ref_alpha(t, 3), "alpha", t);
-    expect_close(s.sigma(t), ref_sigma(t, 3), "sigma", t);
-    expect_close(s.beta(t), ref_beta(t, 3, 0.95L), "beta", t);
-    EXPECT_NEAR(s.alpha(t) * s.alpha(t) + s.sigma(t) * s.sigma(t), 1.0, 1e-15) << "variance preserving at t=" << t;
-  }
-  // Hand values: at t = 0.5, tan = 1: α = 1/sqrt(10), β = π·9·2/10.
-  EXPECT_NEAR(s.alpha(0.5), 1.0 / std::sqrt(10.0), 1e-15);
-  EXPECT_NEAR(s.beta(0.5), kPi * 1.8L, 1e-13);
-  EXPECT_EQ(s.beta(0.97), s.beta(0.95)) << "beta clips t at beta_t_clip";
-  EXPECT_EQ(s.beta(1.0), s.beta(0.95));
-  EXPECT_NEAR(s.alpha(1.0), 0.0, 1e-15);
-  EXPECT_EQ(s.sigma(1.0), 1.0);
-}
-
-TEST(Schedule, FollowsConfigSwitches) {
-  Config c;
-  c.schedule_d = 2.0;
-  c.beta_t_clip = 0.9;
-  const TangentSchedule s = TangentSchedule::from_config(c);
-  expect_close(s.alpha(0.3), ref_alpha(0.3L, 2), "alpha D=2", 0.3);
-  expect_close(s.beta(0.93), ref_beta(0.93L, 2, 0.9L), "beta clip 0.9", 0.93);
-}
-
-TEST(Schedule, ScoreFromX0) {
-  // ε̂ = (x − α x̂0)/σ, score = −ε̂/σ.
-  EXPECT_DOUBLE_EQ(epsilon_from_x0(1.0, 2.0, 0.6, 0.8), (1.0 - 1.2) / 0.8);
-  EXPECT_DOUBLE_EQ(score_from_x0(1.0, 2.0, 0.6, 0.8), -((1.0 - 1.2) / 0.8) / 0.8);
-}
-
-TEST(TimeGrid, EvenlySpacedFromOneToTMin) {
-  const auto t = time_grid(4, 0.05);
-  ASSERT_EQ(t.size(), 5u);
-  EXPECT_EQ(t.front(), 1.0);
-  EXPECT_EQ(t.back(), 0.05);
-  for (std::size_t i = 0; i + 1 < t.size(); ++i) EXPECT_NEAR(t[i] - t[i + 1], 0.95 / 4, 1e-15) << "gap " << i;
-  const auto one = time_grid(1, 0.05);
-  EXPECT_EQ(one, (std::vector<double>{1.0, 0.05}));
-}
-
-TEST(TimeGrid, RejectsBadArguments) {
-  try {
-    time_grid(0, 0.05);
-    FAIL() << "steps = 0 accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("steps must be >= 1, got 0"));
-  }
-  try {
-    time_grid(4, 1.5);
-    FAIL() << "t_min = 1.5 accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("t_min must be in (0, 1)"));
-  }
-}
-
-// Hand computation of one Euler step, long double, from the formulas of docs/model.md §Time grid and steps.
-std::vector<long double> hand_step(bool sde, long double t, long double t_next, const std::vector<float>& x,
-                                   const std::vector<float>& x0, const std::vector<float>* noise) {
-  const long double a = ref_alpha(t, 3), s = ref_sigma(t, 3), b = ref_beta(t, 3, 0.95L), dt = t_next - t;
-  std::vector<long double> out;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const long double eps = (x[i] - a * x0[i]) / s;
-    const long double score = -eps / s;
-    const long double drift = sde ? -0.5L * b * x[i] - b * score : -0.5L * b * x[i] - 0.5L * b * score;
-    long double next = x[i] + drift * dt;
-    if (noise) next += std::sqrt(b) * std::sqrt(-dt) * (*noise)[i];
-    out.push_back(next);
-  }
-  return out;
-}
-
-TEST(EulerStep, OdeAndSdeMatchHandComputation) {
-  const TangentSchedule s;
-  const std::vector<float> x = {0.5f, -1.25f, 2.0f, 0.0f}, x0 = {0.125f, 0.375f, -0.5f, 1.0f},
-                           xi = {0.75f, -0.25f, 1.5f, -2.0f};
-  for (auto [t, t_next] : {std::pair{0.6, 0.45}, std::pair{1.0, 0.7625}, std::pair{0.2875, 0.05}}) {
-    auto ode = x;
-    euler_step<float>(SamplerKind::ode, s, t, t_next, x0.data(), nullptr, 4, ode.data());
-    auto sde = x;
-    euler_step<float>(SamplerKind::sde, s, t, t_next, x0.data(), xi.data(), 4, sde.data());
-    auto mean = x;
-    euler_step<float>(SamplerKind::sde, s, t, t_next, x0.data(), nullptr, 4, mean.data());
-    const auto ode_ref = hand_step(false, t, t_next, x, x0, nullptr);
-    const auto sde_ref = hand_step(true, t, t_next, x, x0, &xi);
-    const auto mean_ref = hand_step(true, t, t_next, x, x0, nullptr);
-    for (int i = 0; i < 4; ++i) {
-      const double tol = 2e-7 * std::max(1.0L, std::fabs(sde_ref[i]));
-      EXPECT_NEAR(ode[i], ode_ref[i], tol) << "ODE t=" << t << " i=" << i;
-      EXPECT_NEAR(sde[i], sde_ref[i], tol) << "SDE t=" << t << " i=" << i;
-      EXPECT_NEAR(mean[i], mean_ref[i], tol) << "SDE mean t=" << t << " i=" << i;
-    }
-    // The ODE ignores noise.
-    auto ode_noise = x;
-    euler_step<float>(SamplerKind::ode, s, t, t_next, x0.data(), xi.data(), 4, ode_noise.data());
-    EXPECT_EQ(ode_noise, ode);
-  }
-}
-
-TEST(EulerStep, RejectsNonDecreasingTime) {
-  const TangentSchedule s;
-  float x = 0, x0 = 0;
-  try {
-    euler_step<float>(SamplerKind::ode, s, 0.5, 0.5, &x0, nullptr, 1, &x);
-    FAIL() << "dt = 0 accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("t_next must be < t"));
-  }
-}
-
-TEST(NormalGenerator, ReproducibleAndStandardNormal) {
-  NormalGenerator a(42), b(42), c(43);
-  std::vector<double> va(20000), vb(20000), vc(20000);
-  a.fill(va.data(), 20000);
-  b.fill(vb.data(), 20000);
-  c.fill(vc.data(), 20000);
-  EXPECT_EQ(va, vb);
-  EXPECT_NE(va, vc);
-  double mean = 0, var = 0;
-  for (double v : va) mean += v;
-  mean /= va.size();
-  for (double v : va) var += (v - mean) * (v - mean);
-  var /= va.size();
-  EXPECT_NEAR(mean, 0.0, 0.03);
-  EXPECT_NEAR(var, 1.0, 0.05);
-}
 
 // The model_small architecture (d = 64, 2 denoiser blocks, V = 101) with generator
 // weights (seed 7): sampling takes milliseconds. Random weights make the decoders
@@ -238,7 +82,7 @@ bool same(const Tensor3<float>& a, const Tensor3<float>& b) {
   return shape_of(a) == shape_of(b) && std::equal(a.data(), a.data() + a.size(), b.data());
 }
 
-TEST(Generate, SameSeedSameResultDifferentSeedDifferentResult) {
+TEST(Sampler, SameSeedSameResultDifferentSeedDifferentResult) {
   const Pipeline<float> pipeline(small_model());
   Context ctx(1);
   for (SamplerKind kind : {SamplerKind::sde, SamplerKind::ode}) {
@@ -272,7 +116,7 @@ TEST(Generate, SameSeedSameResultDifferentSeedDifferentResult) {
       << "the SDE's noise must matter";
 }
 
-TEST(Generate, LatentsAreTheLastDeterministicMean) {
+TEST(Sampler, LatentsAreTheLastDeterministicMean) {
   // Replay the sampler by hand with the same generator: N steps, self-conditioning,
   // no noise in the final step.
   const LDLM<float>& model = small_model();
@@ -300,7 +144,7 @@ TEST(Generate, LatentsAreTheLastDeterministicMean) {
   for (Index i = 0; i < n; ++i) ASSERT_EQ(z.data()[i], x.data()[i]) << "element " << i;
 }
 
-TEST(Generate, ProgressSeesEveryStepAndCanCancel) {
+TEST(Sampler, ProgressSeesEveryStepAndCanCancel) {
   const Pipeline<float> pipeline(small_model());
   Context ctx(1);
   std::vector<std::pair<int, int>> seen;
@@ -334,7 +178,7 @@ TEST(Generate, ProgressSeesEveryStepAndCanCancel) {
   EXPECT_EQ(shape_of(pipeline.generate(ctx, 1, 4, o)), (Shape{1, 4}));
 }
 
-TEST(Generate, RejectsInvalidArguments) {
+TEST(Sampler, RejectsInvalidArguments) {
   const Pipeline<float> pipeline(small_model());
   Context ctx(1);
   auto expect_invalid = [&](Index B, Index T, int steps, const std::string& message) {
@@ -366,7 +210,7 @@ TEST(Generate, RejectsInvalidArguments) {
   }
 }
 
-TEST(Generate, UninitialisedDenoiserIsAClearError) {
+TEST(Sampler, UninitialisedDenoiserIsAClearError) {
   const LDLM<float> model(small_config());
   const Pipeline<float> pipeline(model);
   Context ctx(1);
@@ -382,7 +226,7 @@ TEST(Generate, UninitialisedDenoiserIsAClearError) {
 // allocates nothing per step. oneDNN keeps a little bookkeeping per product call
 // (its argument map: a few hundred bytes), so with that backend small allocations
 // remain; none may be the size of an activation, and with Eigen there are none.
-TEST(Generate, NoHeapAllocationOfActivationsInsideTheSamplingLoop) {
+TEST(Sampler, NoHeapAllocationOfActivationsInsideTheSamplingLoop) {
   const LDLM<float>& model = small_model();
   Context ctx(2);  // workers too
   const Index B = 2, T = 12;
@@ -427,64 +271,6 @@ TEST(Generate, NoHeapAllocationOfActivationsInsideTheSamplingLoop) {
   if (g_allocations.load() == 0) GTEST_SKIP() << "another operator new replacement is active; count not observable";
 }
 
-// torch.argmax treats NaN as the maximum: the first NaN of a row wins, and ties
-// otherwise go to the lowest index. Every expected id below is what torch 1.13
-// (Debian python3-torch) returns for the same row, torch.argmax(row, dim=-1).
-template <class S>
-void check_argmax_matches_torch() {
-  const S nan = std::numeric_limits<S>::quiet_NaN(), inf = std::numeric_limits<S>::infinity();
-  const std::vector<std::pair<std::vector<S>, std::int64_t>> rows = {
-      {{1, nan, 3, nan}, 1},    {{nan, 1, 2, 0}, 0},           {{1, 2, 0, nan}, 3}, {{inf, nan, 0, 0}, 1},
-      {{nan, nan, 0, 0}, 0},    {{-inf, -inf, -inf, -inf}, 0}, {{1, 3, 3, 0}, 1},   {{-inf, nan, inf, 0}, 1},
-      {{-0.0, 0.0, -1, -2}, 0}, {{-5, -1, -1, -7}, 1}};
-  Matrix<S> logits(static_cast<Index>(rows.size()), 4);
-  for (std::size_t r = 0; r < rows.size(); ++r)
-    for (Index v = 0; v < 4; ++v) logits(static_cast<Index>(r), v) = rows[r].first[std::size_t(v)];
-  std::vector<std::int64_t> ids(rows.size(), -1);
-  argmax_rows<S>(logits, ids.data());
-  for (std::size_t r = 0; r < rows.size(); ++r)
-    EXPECT_EQ(ids[r], rows[r].second) << "row " << r << ": " << logits.row(Index(r));
-}
-
-TEST(Pipeline, ArgmaxTreatsNanAsTheMaximumLikeTorch) {
-  check_argmax_matches_torch<float>();
-  check_argmax_matches_torch<double>();
-}
-
-TEST(Pipeline, ReconstructMatchesModelSmallReference) {
-  const Config c = Config::load(data_path("model_small/config.json"));
-  LDLM<float> model(c);
-  const auto weights = SafetensorsFile::open(data_path("model_small/weights.safetensors"));
-  auto load = [&](auto& module, const std::string& prefix) {
-    load_parameters(module, weights, prefix, LoadOptions::scoped(prefix));
-  };
-  load(model.feature_model, "feature_model.");
-  load(model.encoder, "encoder.");
-  load(model.latent_decoder, "latent_decoder.");
-  load(model.token_decoder, "token_decoder.");
-  const auto inputs = test::open_reference("model_small/reconstruct.inputs.safetensors");
-  const auto outputs = test::open_reference("model_small/reconstruct.outputs.safetensors");
-  const TokenTensor tokens = test::read_tensor<std::int64_t, 2>(inputs, "tokens");
-  Context ctx(2);
-  const Pipeline<float> pipeline(model);
-  const Reconstruction<float> r = pipeline.reconstruct(ctx, tokens);
-  // The four-module chain of ModelSmall.ReconstructChain (test_model.cpp), with its
-  // tolerance: the largest error measured is 1.3e-6 (logits; hidden 1.2e-6), well inside
-  // 2e-5 (AMD EPYC, Zen 5; g++ 12 -O3 -march=native, oneDNN, 2 threads; AVX-512 softmax rows).
-  const test::Tolerance tol{2e-5, 2e-5};
-  test::expect_matches(r.features, outputs, "features", tol);
-  test::expect_matches(r.latents, outputs, "latents", tol);
-  test::expect_matches(r.hidden, outputs, "hidden", tol);
-  test::expect_matches(r.logits, outputs, "logits", tol);
-  // tokens are the argmax of the logits; encode/decode agree with reconstruct.
-  for (Index row = 0; row < tokens.size(); ++row) {
-    const float* l = r.logits.data() + row * c.vocab_size;
-    EXPECT_EQ(r.tokens.data()[row], std::max_element(l, l + c.vocab_size) - l) << "row " << row;
-  }
-  const Tensor3<float> latents = pipeline.encode(ctx, tokens);
-  test::expect_matches(latents, outputs, "latents", tol, " (encode)");
-  EXPECT_TRUE(same(pipeline.decode(ctx, latents).tokens, r.tokens));
-}
-
 }  // namespace
+}  // namespace unit_sampling_sampler
 }  // namespace ldlm

@@ -33,10 +33,10 @@
 #include "support/modules.hpp"
 #include "support/reference.hpp"
 
+namespace system_demo_model {
 namespace {
 
 using namespace ldlm;
-using ldlm::test::all_close;
 using ldlm::test::data_path;
 using ldlm::test::kFp32Dump;
 using ldlm::test::matches_reference;
@@ -184,3 +184,4 @@ INSTANTIATE_TEST_SUITE_P(Precisions, DemoAccuracy, ::testing::Values(Precision::
                          [](const auto& info) { return std::string(precision_name(info.param)); });
 
 }  // namespace
+}  // namespace system_demo_model

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+namespace unit_io_json {
 namespace {
 
 using ldlm::JsonProblem;
@@ -171,3 +172,4 @@ TEST(JsonMembers, RefusesAnythingButAnObjectOfScalars) {
 }
 
 }  // namespace
+}  // namespace unit_io_json
