@@ -61,17 +61,17 @@ struct TextTimings {
 /// A field out of range throws InvalidArgument naming the field, the value and the
 /// allowed range.
 struct TextOptions {
-  int length = 32;         // positions to generate (generate, continue_text), 1..max_positions
-  int batch = 1;           // samples, 1..65536
-  std::uint64_t seed = 0;  // noise seed; the same seed, options and threads give the same text
-  std::string suffix = {};      // continue_text and generate: the text every sample ends with
-  std::string sampler = {};     // the solver: "dpmpp-3m" (default), "unipc", "heun", ...
-  int steps = 0;           // solver steps, 0..1048576; 0: the default (10)
-  std::string schedule = {};    // the time grid: "karras" (default), "lambda", "uniform"
-  std::string precision = {};   // "fp32" or "bf16"; "": the precision the model was opened with
-  int threads = 0;         // 0..1024; 0: every core
-  std::string method = {};      // how given text enters the sampler: "x0" (default), "x", "both"
-  int resample = 0;        // RePaint resampling per step, 0..1000
+  int length = 32;             // positions to generate (generate, continue_text), 1..max_positions
+  int batch = 1;               // samples, 1..65536
+  std::uint64_t seed = 0;      // noise seed; the same seed, options and threads give the same text
+  std::string suffix = {};     // continue_text and generate: the text every sample ends with
+  std::string sampler = {};    // the solver: "dpmpp-3m" (default), "unipc", "heun", ...
+  int steps = 0;               // solver steps, 0..1048576; 0: the default (10)
+  std::string schedule = {};   // the time grid: "karras" (default), "lambda", "uniform"
+  std::string precision = {};  // "fp32" or "bf16"; "": the precision the model was opened with
+  int threads = 0;             // 0..1024; 0: every core
+  std::string method = {};     // how given text enters the sampler: "x0" (default), "x", "both"
+  int resample = 0;            // RePaint resampling per step, 0..1000
   /// After every step: the text of the current estimate. It costs one decode of the
   /// batch per step (docs/performance.md gives the measured cost). Returning false cancels
   /// the call, which throws SamplingCancelled.

@@ -165,7 +165,8 @@ inline Precision text_precision(std::string_view op, const std::string& name, Pr
 TextModel TextModel::demo(const TextModelOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (!options.config.empty())
-    throw InvalidArgument("TextModel::demo: the demo model carries its own configuration; options.config must be empty");
+    throw InvalidArgument(
+        "TextModel::demo: the demo model carries its own configuration; options.config must be empty");
   const auto bytes = embedded::find("ldlm-demo.safetensors");
   if (!bytes) throw Error("TextModel::demo: the demo model is missing from ldlm::text");
   const std::string_view view = *bytes;
@@ -183,22 +184,21 @@ TextModel TextModel::demo(const TextModelOptions& options) {
 }
 
 TextModel TextModel::open(const std::string& weights, const std::string& tokenizer_dir,
-                                 const TextModelOptions& options) {
+                          const TextModelOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const std::string op = "TextModel::open";
   const Precision precision = detail::text_precision(op, options.precision, Precision::fp32);
   std::optional<Config> given;
   if (!options.config.empty()) given = Config::load(options.config);
   Tokenizer tokenizer = tokenizer_dir.empty() ? detail::builtin_gpt2_tokenizer() : Tokenizer::load(tokenizer_dir);
-  auto impl = std::make_unique<Impl>([weights] { return SafetensorsFile::open(weights); }, given,
-                                     std::move(tokenizer), precision);
+  auto impl = std::make_unique<Impl>([weights] { return SafetensorsFile::open(weights); }, given, std::move(tokenizer),
+                                     precision);
   auto model = impl->load(precision);
   if (impl->tokenizer.vocab_size() != model->config.vocab_size)
-    throw InvalidArgument(op + ": the tokenizer " +
-                          (tokenizer_dir.empty() ? std::string("(GPT-2's)") : "of '" + tokenizer_dir + "'") + " has " +
-                          std::to_string(impl->tokenizer.vocab_size()) +
-                          " tokens with pad and mask, but the model of '" + weights + "' has vocab_size " +
-                          std::to_string(model->config.vocab_size));
+    throw InvalidArgument(
+        op + ": the tokenizer " + (tokenizer_dir.empty() ? std::string("(GPT-2's)") : "of '" + tokenizer_dir + "'") +
+        " has " + std::to_string(impl->tokenizer.vocab_size()) + " tokens with pad and mask, but the model of '" +
+        weights + "' has vocab_size " + std::to_string(model->config.vocab_size));
   impl->config = model->config;
   impl->models[static_cast<std::size_t>(precision)] = std::move(model);
   impl->load_ms = detail::milliseconds_since(start);
@@ -206,8 +206,8 @@ TextModel TextModel::open(const std::string& weights, const std::string& tokeniz
 }
 
 std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& row, const TextOptions& o,
-                                                  std::chrono::steady_clock::time_point start,
-                                                  std::vector<std::string>* texts) const {
+                                           std::chrono::steady_clock::time_point start,
+                                           std::vector<std::string>* texts) const {
   using detail::check_field;
   check_field(op, "batch", o.batch, 1, detail::kMaxTextBatch);
   check_field(op, "steps", o.steps, 0, detail::kMaxTextSteps);
@@ -239,7 +239,8 @@ std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& 
   const auto to_ids = [](const TokenTensor& tokens) {
     const Index rows = tokens.dimension(0), cols = tokens.dimension(1);
     std::vector<TokenIds> out(static_cast<std::size_t>(rows));
-    for (Index b = 0; b < rows; ++b) out[static_cast<std::size_t>(b)].assign(tokens.data() + b * cols, tokens.data() + (b + 1) * cols);
+    for (Index b = 0; b < rows; ++b)
+      out[static_cast<std::size_t>(b)].assign(tokens.data() + b * cols, tokens.data() + (b + 1) * cols);
     return out;
   };
   const auto to_texts = [this](const std::vector<TokenIds>& samples) {
@@ -284,12 +285,13 @@ namespace detail {
 inline TokenIds open_sequence(std::string_view op, const Config& c, std::span<const std::int64_t> prompt,
                               const TokenIds& suffix, int length) {
   check_field(op, "length", length, 1, c.max_positions);
-  const std::int64_t need = static_cast<std::int64_t>(prompt.size()) + length + static_cast<std::int64_t>(suffix.size());
+  const std::int64_t need =
+      static_cast<std::int64_t>(prompt.size()) + length + static_cast<std::int64_t>(suffix.size());
   if (need > c.max_positions)
     throw InvalidArgument(std::string(op) + ": the prompt's " + std::to_string(prompt.size()) + " tokens, length " +
                           std::to_string(length) + " and the suffix's " + std::to_string(suffix.size()) +
-                          " tokens need " + std::to_string(need) + " positions, more than the model's max_positions = " +
-                          std::to_string(c.max_positions));
+                          " tokens need " + std::to_string(need) +
+                          " positions, more than the model's max_positions = " + std::to_string(c.max_positions));
   TokenIds row(prompt.begin(), prompt.end());
   row.insert(row.end(), static_cast<std::size_t>(length), mask_id(c));
   row.insert(row.end(), suffix.begin(), suffix.end());
@@ -322,8 +324,7 @@ std::vector<std::string> TextModel::generate(const TextOptions& options) const {
   return texts;
 }
 
-std::vector<TokenIds> TextModel::continue_ids(std::span<const std::int64_t> prompt,
-                                                     const TextOptions& options) const {
+std::vector<TokenIds> TextModel::continue_ids(std::span<const std::int64_t> prompt, const TextOptions& options) const {
   const auto start = std::chrono::steady_clock::now();
   const std::string_view op = "TextModel::continue_ids";
   const TokenIds row =
@@ -362,9 +363,7 @@ std::vector<std::string> TextModel::infill(std::string_view text, const TextOpti
 
 TokenIds TextModel::tokenize(std::string_view text) const { return impl_->tokenizer.encode(text); }
 
-std::string TextModel::detokenize(std::span<const std::int64_t> ids) const {
-  return impl_->tokenizer.decode(ids);
-}
+std::string TextModel::detokenize(std::span<const std::int64_t> ids) const { return impl_->tokenizer.decode(ids); }
 
 TextModelInfo TextModel::info() const {
   const Config& c = impl_->config;

@@ -16,14 +16,15 @@
 #include "ldlm/text_model.hpp"
 #include "support/errors.hpp"
 
+namespace unit_text_model {
 namespace {
 
 using namespace ldlm;
 using ldlm::test::error_of;
 using ::testing::AllOf;
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-using ::testing::EndsWith;
 
 const TextModel& demo() {
   static const TextModel model = TextModel::demo();
@@ -68,7 +69,8 @@ TEST(TextModel, ContinueTextKeepsThePromptAndEndsOnTheSuffix) {
   const std::vector<std::string> texts =
       demo().continue_text("The old man", {.length = 6, .batch = 2, .suffix = " in the morning."});
   ASSERT_EQ(texts.size(), 2u);
-  for (const std::string& text : texts) EXPECT_THAT(text, AllOf(StartsWith("The old man"), EndsWith(" in the morning.")));
+  for (const std::string& text : texts)
+    EXPECT_THAT(text, AllOf(StartsWith("The old man"), EndsWith(" in the morning.")));
   // Every argument but the prompt has a default.
   const std::vector<std::string> plain = demo().continue_text("The old man");
   ASSERT_EQ(plain.size(), 1u);
@@ -115,9 +117,8 @@ TEST(TextModel, PreviewSeesEveryStepAndCanCancel) {
   EXPECT_EQ(texts, demo().infill("The <|mask|> sat on the <|mask|>.", {.batch = 2, .steps = 6}));
 
   int calls = 0;
-  EXPECT_THAT(error_of<SamplingCancelled>([&] {
-                demo().generate({.length = 4, .on_step = [&](const TextStep&) { return ++calls < 3; }});
-              }),
+  EXPECT_THAT(error_of<SamplingCancelled>(
+                  [&] { demo().generate({.length = 4, .on_step = [&](const TextStep&) { return ++calls < 3; }}); }),
               HasSubstr("after step 3"));
   EXPECT_EQ(calls, 3);
 }
@@ -171,7 +172,8 @@ TEST(TextModel, InfoCountsTheParameters) {
 
 TEST(TextModel, OpenReadsAModelFileAndATokenizerDirectory) {
   const TextModel lm = TextModel::open(LDLM_DEMO_MODEL, LDLM_GPT2_TOKENIZER_DIR);
-  EXPECT_EQ(lm.generate({.length = 8, .seed = 4, .threads = 1}), demo().generate({.length = 8, .seed = 4, .threads = 1}));
+  EXPECT_EQ(lm.generate({.length = 8, .seed = 4, .threads = 1}),
+            demo().generate({.length = 8, .seed = 4, .threads = 1}));
 }
 
 TEST(TextModel, OpenNamesAMissingOrForeignFile) {
@@ -189,9 +191,13 @@ TEST(TextModel, OpenNamesAMissingOrForeignFile) {
 TEST(TextModel, InfillWithoutAMarkerNamesTheText) {
   EXPECT_THAT(error_of<InvalidArgument>([] { demo().infill("The cat sat."); }),
               AllOf(HasSubstr("TextModel::infill"), HasSubstr("\"The cat sat.\""), HasSubstr("<|mask|>")));
-  EXPECT_THAT(error_of<InvalidArgument>([] { demo().infill_ids(TokenIds{464, 3797}); }),
+  EXPECT_THAT(error_of<InvalidArgument>([] {
+                demo().infill_ids(TokenIds{464, 3797});
+              }),
               AllOf(HasSubstr("infill_ids"), HasSubstr("mask id 50258")));
-  EXPECT_THAT(error_of<InvalidArgument>([] { demo().infill_ids(TokenIds{464, 50258, 70000}); }),
+  EXPECT_THAT(error_of<InvalidArgument>([] {
+                demo().infill_ids(TokenIds{464, 50258, 70000});
+              }),
               AllOf(HasSubstr("70000"), HasSubstr("[0, 50259)")));
 }
 
@@ -218,10 +224,12 @@ TEST(TextModel, FieldsOutOfRangeNameTheFieldTheValueAndTheRange) {
     for (const std::string& word : c.words) EXPECT_THAT(message, HasSubstr(word));
   }
   EXPECT_THAT(error_of<InvalidArgument>([] {
-    std::string prompt;
-    for (int i = 0; i < 3000; ++i) prompt += " the";
-    demo().continue_text(prompt, {.length = 8}); }),
+                std::string prompt;
+                for (int i = 0; i < 3000; ++i) prompt += " the";
+                demo().continue_text(prompt, {.length = 8});
+              }),
               HasSubstr("max_positions"));
 }
 
 }  // namespace
+}  // namespace unit_text_model

@@ -223,8 +223,8 @@ class Pipeline {
   /// B sequences of T tokens: sample, then decode. Throws InvalidArgument for B < 1,
   /// T outside [1, max_positions] or steps < 1, SamplingCancelled if the progress
   /// callback returns false.
-  TokenTensor generate(Context& ctx, Index B, Index T, const SamplerOptions& options,
-                       GenerationStats* stats = nullptr, const TokenPreview& preview = {}) const {
+  TokenTensor generate(Context& ctx, Index B, Index T, const SamplerOptions& options, GenerationStats* stats = nullptr,
+                       const TokenPreview& preview = {}) const {
     check_sampling_arguments("generate", model_->config, B, T, options.steps);
     GenerationStats local;
     GenerationStats& s = stats ? *stats : local;
