@@ -5,7 +5,7 @@ from_t, RePaint's resampling), with the known latents encoded by the reference's
 feature model and encoder.
 
 Written from the formulas, independently of include/ldlm/sampling, so that the C++
-parity test (tests/test_sampler_parity.cpp) compares two implementations and not one
+parity test (tests/parity/test_sampler_parity.cpp) compares two implementations and not one
 twice. Schedule values and steps are float64; the state x, the noise and every x0
 prediction are float32, as the model sees them: each step reads float32 x and x0,
 computes in float64 per element and rounds to float32 once.
