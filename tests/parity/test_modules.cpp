@@ -23,6 +23,7 @@
 #include "ldlm/ldlm.hpp"
 #include "support/files.hpp"
 #include "support/reference.hpp"
+#include "support/modules.hpp"
 
 namespace parity_modules {
 namespace {
@@ -33,6 +34,8 @@ using ldlm::test::expect_matches_logging_scaled_error;
 using ldlm::test::kFp32Dump;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
+using ldlm::test::small_config;
+using ldlm::test::small_model;
 using ldlm::test::Tolerance;
 
 constexpr Tolerance kSmallChain{2e-5, 2e-5};
@@ -40,22 +43,6 @@ constexpr Tolerance kBaseModule{3e-5, 3e-5};
 constexpr Tolerance kBaseChain{5e-5, 5e-5};
 
 std::uint64_t init_seed(const SafetensorsFile& inputs) { return std::stoull(inputs.metadata().at("init_seed")); }
-
-const Config& small_config() {
-  static const Config c = Config::load(data_path("model_small/config.json"));
-  return c;
-}
-
-/// model_small with its committed weights, loaded strictly (the file holds exactly its tensors).
-template <class S>
-const LDLM<S>& small_model() {
-  static const LDLM<S> model = [] {
-    LDLM<S> m(small_config());
-    load_parameters(m, open_reference("model_small/weights.safetensors"));
-    return m;
-  }();
-  return model;
-}
 
 // ---------------------------------------------------------------------------
 // 3. Parity with the PyTorch reference: model_small (B = 2, T = 37 < max_positions 48,

@@ -12,6 +12,23 @@
 
 namespace ldlm::test {
 
+/// model_small's configuration (tests/data/model_small/config.json).
+inline const Config& small_config() {
+  static const Config c = Config::load(data_path("model_small/config.json"));
+  return c;
+}
+
+/// model_small with its committed weights, loaded strictly (the file holds exactly its tensors).
+template <class S>
+const LDLM<S>& small_model() {
+  static const LDLM<S> model = [] {
+    LDLM<S> m(small_config());
+    load_parameters(m, open_reference("model_small/weights.safetensors"));
+    return m;
+  }();
+  return model;
+}
+
 using NamedOutputs = std::vector<std::pair<std::string, Tensor3<float>>>;
 
 /// The name that runs the encode-then-decode chain, beside the modules' own names.

@@ -149,4 +149,22 @@ double max_abs_diff(const Tensor<S, Rank>& a, const Tensor<float, Rank>& b) {
   return m;
 }
 
+/// Fills every parameter of `module` from a primitive dump's `param.<name>` tensors;
+/// every param.* tensor must be claimed (strict loading), so a misnamed parameter fails.
+template <class M>
+void load_case_parameters(M& module, const SafetensorsFile& file, bool reject_unexpected = true) {
+  LoadOptions options;
+  options.scope = "param.";
+  options.reject_unexpected = reject_unexpected;
+  load_parameters(module, file, "param.", options);
+}
+
+/// A tensor of zeros with the dimensions of `t`.
+template <class S, int Rank>
+Tensor<S, Rank> zeros_like(const Tensor<S, Rank>& t) {
+  Tensor<S, Rank> z(t.dimensions());
+  z.setZero();
+  return z;
+}
+
 }  // namespace ldlm::test

@@ -32,6 +32,7 @@
 #include "ldlm/ldlm.hpp"
 #include "support/reference.hpp"
 #include "support/configs.hpp"
+#include "support/modules.hpp"
 
 namespace system_reliability {
 namespace {
@@ -42,6 +43,7 @@ using ldlm::test::data_path;
 using ldlm::test::error_of;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
+using ldlm::test::small_config;
 using ldlm::test::Tolerance;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -50,11 +52,6 @@ namespace fs = std::filesystem;
 using ldlm::test::largest_config;
 
 constexpr Tolerance kAcrossThreadCounts{1e-5, 1e-5};
-
-const Config& small_config() {
-  static const Config c = Config::load(data_path("model_small/config.json"));
-  return c;
-}
 
 LDLM<float> make_small_model() {
   LDLM<float> m(small_config());

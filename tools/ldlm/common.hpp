@@ -111,21 +111,6 @@ int thread_count(const ModelOptions& options) {
   return options.threads.value_or(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
 }
 
-/// Seconds since the start or the last lap.
-class Stopwatch {
- public:
-  double lap() {
-    const auto now = std::chrono::steady_clock::now();
-    const double seconds = std::chrono::duration<double>(now - last_).count();
-    last_ = now;
-    return seconds;
-  }
-  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
-
- private:
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_ = start_;
-};
-
 /// Runs a() and b(), on two threads when `parallel`: initialising or loading ldlm-base
 /// is dominated by first-touch page faults and generator arithmetic, which split
 /// well. Rethrows the first exception after both finish.

@@ -16,6 +16,7 @@
 #include <functional>
 #include <vector>
 
+#include "ldlm/core/stopwatch.hpp"
 #include "ldlm/model/model.hpp"
 #include "ldlm/ops/argmax.hpp"
 #include "ldlm/sampling/sampler.hpp"
@@ -233,20 +234,6 @@ class Pipeline {
   }
 
  private:
-  class Stopwatch {
-   public:
-    /// Seconds since the last lap (or the start).
-    double lap() {
-      const auto now = std::chrono::steady_clock::now();
-      const double seconds = std::chrono::duration<double>(now - last_).count();
-      last_ = now;
-      return seconds;
-    }
-
-   private:
-    std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
-  };
-
   /// Every id of `ids` but the mask id written over `tokens` (both [B, T]).
   void keep_known(const TokenTensor* ids, TokenTensor& tokens) const {
     if (!ids) return;

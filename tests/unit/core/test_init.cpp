@@ -8,6 +8,7 @@
 #include "ldlm/ldlm.hpp"
 #include "support/files.hpp"
 #include "support/reference.hpp"
+#include "support/modules.hpp"
 
 namespace unit_core_init {
 namespace {
@@ -15,11 +16,7 @@ namespace {
 using namespace ldlm;
 using ldlm::test::data_path;
 using ldlm::test::open_reference;
-
-const Config& small_config() {
-  static const Config c = Config::load(data_path("model_small/config.json"));
-  return c;
-}
+using ldlm::test::small_config;
 
 TEST(Init, GeneratedWeightsEqualTheCommittedSeed1Weights) {
   // model_small/weights.safetensors was written by the Python generator with seed 1:

@@ -9,18 +9,15 @@
 
 #include "ldlm/io/masked_text.hpp"
 #include "support/errors.hpp"
+#include "support/gpt2.hpp"
 
 namespace ldlm {
 namespace unit_io_masked_text {
 namespace {
 
+using ldlm::test::gpt2;
 using Ids = std::vector<std::int64_t>;
 using ::testing::HasSubstr;
-
-const Tokenizer& gpt2() {
-  static const Tokenizer tokenizer = Tokenizer::load(LDLM_GPT2_TOKENIZER_DIR);
-  return tokenizer;
-}
 
 constexpr std::int64_t kMask = 50258;
 

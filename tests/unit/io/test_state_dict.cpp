@@ -15,6 +15,7 @@
 #include "ldlm/ldlm.hpp"
 #include "support/files.hpp"
 #include "support/reference.hpp"
+#include "support/modules.hpp"
 
 namespace unit_io_state_dict {
 namespace {
@@ -34,26 +35,12 @@ using ldlm::test::expect_matches_logging_scaled_error;
 using ldlm::test::kFp32Dump;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
+using ldlm::test::small_config;
+using ldlm::test::small_model;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 namespace fs = std::filesystem;
-
-const Config& small_config() {
-  static const Config c = Config::load(data_path("model_small/config.json"));
-  return c;
-}
-
-/// model_small with its committed weights, loaded strictly (the file holds exactly its tensors).
-template <class S>
-const LDLM<S>& small_model() {
-  static const LDLM<S> model = [] {
-    LDLM<S> m(small_config());
-    load_parameters(m, open_reference("model_small/weights.safetensors"));
-    return m;
-  }();
-  return model;
-}
 
 /// float -> IEEE binary16, round to nearest even (overflow to inf, subnormals kept).
 std::uint16_t float_to_half(float f) {

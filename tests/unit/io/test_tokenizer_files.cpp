@@ -13,28 +13,20 @@
 #include "support/errors.hpp"
 #include "support/reference.hpp"
 #include "support/vocabulary.hpp"
+#include "support/gpt2.hpp"
 
 namespace ldlm {
 namespace unit_io_tokenizer_files {
 namespace {
 
+using ldlm::test::gpt2;
+using ldlm::test::kGpt2Dir;
+using ldlm::test::read_text;
 using test::error_of;
 using ::testing::HasSubstr;
 using Ids = std::vector<std::int64_t>;
 
 using test::vocab_json;
-
-const std::string kGpt2Dir = LDLM_GPT2_TOKENIZER_DIR;
-
-const Tokenizer& gpt2() {
-  static const Tokenizer tokenizer = Tokenizer::load(kGpt2Dir);
-  return tokenizer;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 // ---------------------------------------------------------------------------
 // File formats

@@ -10,17 +10,14 @@
 #include "ldlm/ldlm.hpp"
 #include "support/files.hpp"
 #include "support/reference.hpp"
+#include "support/modules.hpp"
 
 namespace unit_model_accounting {
 namespace {
 
 using namespace ldlm;
 using ldlm::test::data_path;
-
-const Config& small_config() {
-  static const Config c = Config::load(data_path("model_small/config.json"));
-  return c;
-}
+using ldlm::test::small_config;
 
 TEST(Accounting, DocumentedTotalsOfLdlmBase) {
   const Config base;

@@ -15,6 +15,7 @@
 #include "ldlm/ldlm.hpp"
 #include "support/files.hpp"
 #include "support/reference.hpp"
+#include "support/modules.hpp"
 
 namespace unit_model_checkpoint {
 namespace {
@@ -29,6 +30,7 @@ using ldlm::test::open_reference;
 using ldlm::test::raw_tensors;
 using ldlm::test::RawTensor;
 using ldlm::test::read_tensor;
+using ldlm::test::small_config;
 using ldlm::test::TempDir;
 using ldlm::test::write_tensors;
 using ::testing::AllOf;
@@ -37,11 +39,6 @@ using ::testing::Not;
 
 const std::string kConfigKey(kConfigMetadataKey);
 const std::string kSeedKey(kFeatureModelInitSeedKey);
-
-const Config& small_config() {
-  static const Config c = Config::load(data_path("model_small/config.json"));
-  return c;
-}
 
 std::vector<RawTensor> small_weights() { return raw_tensors(open_reference("model_small/weights.safetensors")); }
 

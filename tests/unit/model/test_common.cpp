@@ -9,6 +9,7 @@
 #include "ldlm/ldlm.hpp"
 #include "support/files.hpp"
 #include "support/reference.hpp"
+#include "support/modules.hpp"
 
 namespace unit_model_common {
 namespace {
@@ -19,24 +20,10 @@ using namespace ldlm;
 using ldlm::test::data_path;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
+using ldlm::test::small_config;
+using ldlm::test::small_model;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-const Config& small_config() {
-  static const Config c = Config::load(data_path("model_small/config.json"));
-  return c;
-}
-
-/// model_small with its committed weights, loaded strictly (the file holds exactly its tensors).
-template <class S>
-const LDLM<S>& small_model() {
-  static const LDLM<S> model = [] {
-    LDLM<S> m(small_config());
-    load_parameters(m, open_reference("model_small/weights.safetensors"));
-    return m;
-  }();
-  return model;
-}
 
 TEST(CommonInputs, TokenIdsOutsideTheVocabularyNameThePosition) {
   const auto& m = small_model<float>();

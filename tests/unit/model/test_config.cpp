@@ -10,6 +10,7 @@
 #include "support/files.hpp"
 #include "support/reference.hpp"
 #include "support/configs.hpp"
+#include "support/modules.hpp"
 
 namespace unit_model_config {
 namespace {
@@ -18,15 +19,11 @@ using ldlm::test::error_of;
 
 using namespace ldlm;
 using ldlm::test::data_path;
+using ldlm::test::small_config;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 using ldlm::test::largest_config;
-
-const Config& small_config() {
-  static const Config c = Config::load(data_path("model_small/config.json"));
-  return c;
-}
 
 TEST(Config, JsonRoundTrip) {
   Config c;

@@ -14,6 +14,7 @@
 
 #include "ldlm/ldlm.hpp"
 #include "support/reference.hpp"
+#include "support/attention_reference.hpp"
 
 namespace unit_nn_attention {
 namespace {
@@ -23,8 +24,10 @@ using ldlm::test::error_of;
 using ldlm::test::expect_matches;
 
 using namespace ldlm;
+using ldlm::test::load_case_parameters;
 using ldlm::test::matches_reference;
 using ldlm::test::max_abs_diff;
+using ldlm::test::naive_attention;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
 using ldlm::test::Tolerance;
@@ -35,15 +38,6 @@ constexpr Tolerance kTol = ldlm::test::kFp32Dump;
 constexpr double kBugGap = 100 * kTol.atol;
 // Different thread counts split GEMMs differently; the results may differ by rounding only.
 constexpr double kThreadTol = 1e-6;
-
-/// Fills every parameter of `module` from the dump's `param.<name>` tensors (strict:
-/// every param.* tensor must be claimed).
-template <class M>
-void load_case_parameters(M& module, const SafetensorsFile& file) {
-  LoadOptions options;
-  options.scope = "param.";
-  load_parameters(module, file, "param.", options);
-}
 
 /// The module's configuration from the case's `config` metadata.
 nn::AttentionModuleConfig config_of(const SafetensorsFile& file) {
@@ -75,35 +69,6 @@ void expect_distinct(const SafetensorsFile& file, const std::string& a, const st
   const double gap = max_abs_diff(read_tensor<float, 3>(file, a), read_tensor<float, 3>(file, b));
   EXPECT_GT(gap, kBugGap) << a << " vs " << b;
   ::testing::Test::RecordProperty("gap: " + a + " vs " + b, std::to_string(gap));
-}
-
-/// softmax(cap(q·k/√hd)) v per (batch, head), in double, straight from the definition.
-/// Rows are (b, t), columns (h, i). cap_before_scale gives the wrong order
-/// cap(q·k)/√hd, as a bug would compute it.
-Matrix<double> naive_attention(const Matrix<double>& q, const Matrix<double>& k, const Matrix<double>& v,
-                               const AttentionShape& shape, double softcap, bool causal,
-                               bool cap_before_scale = false) {
-  const Index B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, H = shape.heads, hd = shape.head_dim;
-  const auto cap = [&](double s) { return softcap > 0 ? softcap * std::tanh(s / softcap) : s; };
-  Matrix<double> out = Matrix<double>::Zero(B * Tq, H * hd);
-  std::vector<double> logits(static_cast<std::size_t>(Tk));
-  for (Index b = 0; b < B; ++b)
-    for (Index h = 0; h < H; ++h)
-      for (Index i = 0; i < Tq; ++i) {
-        double max_logit = -std::numeric_limits<double>::infinity();
-        for (Index j = 0; j < Tk; ++j) {
-          double dot = 0;
-          for (Index e = 0; e < hd; ++e) dot += q(b * Tq + i, h * hd + e) * k(b * Tk + j, h * hd + e);
-          const double s = cap_before_scale ? cap(dot) / std::sqrt(double(hd)) : cap(dot / std::sqrt(double(hd)));
-          logits[j] = causal && j > i ? -std::numeric_limits<double>::infinity() : s;
-          max_logit = std::max(max_logit, logits[j]);
-        }
-        double total = 0;
-        for (Index j = 0; j < Tk; ++j) total += logits[j] = std::exp(logits[j] - max_logit);
-        for (Index j = 0; j < Tk; ++j)
-          for (Index e = 0; e < hd; ++e) out(b * Tq + i, h * hd + e) += logits[j] / total * v(b * Tk + j, h * hd + e);
-      }
-  return out;
 }
 
 struct SelfAttentionCase {

@@ -12,21 +12,12 @@ namespace {
 using ldlm::test::expect_matches;
 
 using namespace ldlm;
+using ldlm::test::load_case_parameters;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
 using ldlm::test::Tolerance;
 
 constexpr Tolerance kTol = ldlm::test::kFp32Dump;
-
-/// Fills every parameter of `module` from the dump's `param.<name>` tensors; every
-/// param.* tensor must be claimed (strict loading), so a misnamed parameter fails.
-template <class M>
-void load_case_parameters(M& module, const SafetensorsFile& file, bool reject_unexpected = true) {
-  LoadOptions options;
-  options.scope = "param.";
-  options.reject_unexpected = reject_unexpected;
-  load_parameters(module, file, "param.", options);
-}
 
 TEST(LinearModule, ModuleWithAndWithoutBias) {
   const auto file = open_reference("primitives/linear.safetensors");

@@ -16,31 +16,16 @@ namespace {
 using ldlm::test::expect_matches;
 
 using namespace ldlm;
+using ldlm::test::load_case_parameters;
 using ldlm::test::max_abs_diff;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
 using ldlm::test::Tolerance;
+using ldlm::test::zeros_like;
 
 constexpr Tolerance kTol = ldlm::test::kFp32Dump;
 // A planted bug must move the result by far more than the tolerance: at least 100×.
 constexpr double kBugGap = 100 * kTol.atol;
-
-/// Fills every parameter of `module` from the dump's `param.<name>` tensors; every
-/// param.* tensor must be claimed (strict loading), so a misnamed parameter fails.
-template <class M>
-void load_case_parameters(M& module, const SafetensorsFile& file, bool reject_unexpected = true) {
-  LoadOptions options;
-  options.scope = "param.";
-  options.reject_unexpected = reject_unexpected;
-  load_parameters(module, file, "param.", options);
-}
-
-template <class S, int Rank>
-Tensor<S, Rank> zeros_like(const Tensor<S, Rank>& t) {
-  Tensor<S, Rank> z(t.dimensions());
-  z.setZero();
-  return z;
-}
 
 // ------------------------------------------------------------------ normalisation
 

@@ -18,15 +18,9 @@ using namespace ldlm;
 using ldlm::test::open_reference;
 using ldlm::test::read_tensor;
 using ldlm::test::Tolerance;
+using ldlm::test::zeros_like;
 
 constexpr Tolerance kTol = ldlm::test::kFp32Dump;
-
-template <class S, int Rank>
-Tensor<S, Rank> zeros_like(const Tensor<S, Rank>& t) {
-  Tensor<S, Rank> z(t.dimensions());
-  z.setZero();
-  return z;
-}
 
 TEST(Modulate, ModulateAndGatedResidualMatchReference) {
   const auto file = open_reference("primitives/modulate.safetensors");
