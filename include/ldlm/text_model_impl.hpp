@@ -193,7 +193,17 @@ TextModel TextModel::open(const std::string& weights, const std::string& tokeniz
   Tokenizer tokenizer = tokenizer_dir.empty() ? detail::builtin_gpt2_tokenizer() : Tokenizer::load(tokenizer_dir);
   auto impl = std::make_unique<Impl>([weights] { return SafetensorsFile::open(weights); }, given, std::move(tokenizer),
                                      precision);
-  auto model = impl->load(precision);
+  std::shared_ptr<const Model> model;
+  try {
+    model = impl->load(precision);
+  } catch (const FormatError& e) {
+    throw FormatError(op + ": '" + weights +
+                      "' is not an ldlm weights file (expected safetensors whose tensors carry the state-dict "
+                      "names of docs/model.md): " +
+                      e.what());
+  } catch (const IoError& e) {
+    throw IoError(op + ": cannot read the weights '" + weights + "': " + e.what());
+  }
   if (impl->tokenizer.vocab_size() != model->config.vocab_size)
     throw InvalidArgument(
         op + ": the tokenizer " + (tokenizer_dir.empty() ? std::string("(GPT-2's)") : "of '" + tokenizer_dir + "'") +

@@ -178,10 +178,11 @@ TEST(TextModel, OpenReadsAModelFileAndATokenizerDirectory) {
 
 TEST(TextModel, OpenNamesAMissingOrForeignFile) {
   EXPECT_THAT(error_of<IoError>([] { TextModel::open("/nonexistent/ldlm.safetensors"); }),
-              HasSubstr("/nonexistent/ldlm.safetensors"));
+              AllOf(HasSubstr("TextModel::open: cannot read the weights"), HasSubstr("/nonexistent/ldlm.safetensors")));
   // A file that is not safetensors: GPT-2's vocabulary.
   const std::string foreign = std::string(LDLM_GPT2_TOKENIZER_DIR) + "/encoder.json";
-  EXPECT_THAT(error_of<FormatError>([&] { TextModel::open(foreign); }), HasSubstr(foreign));
+  EXPECT_THAT(error_of<FormatError>([&] { TextModel::open(foreign); }),
+              AllOf(HasSubstr(foreign), HasSubstr("is not an ldlm weights file")));
   EXPECT_THAT(error_of<IoError>([] { TextModel::open(LDLM_DEMO_MODEL, "/nonexistent/tokenizer"); }),
               HasSubstr("/nonexistent/tokenizer"));
   EXPECT_THAT(error_of<InvalidArgument>([] { TextModel::open(LDLM_DEMO_MODEL, "", {.precision = "fp16"}); }),
