@@ -32,7 +32,8 @@ namespace ldlm {
 /// One sample's token ids.
 using TokenIds = std::vector<std::int64_t>;
 
-/// A sampling run after one solver step, as a preview sees it.
+/// A sampling run after one solver step, as a preview sees it. The spans are valid
+/// during the callback only.
 struct TextStep {
   int step = 0, steps = 0;                  // steps done, of steps
   int denoiser_calls = 0, total_calls = 0;  // the same in denoiser calls
@@ -84,7 +85,8 @@ struct TextModelOptions {
   /// The precision of the matrix products, fp32 or bf16 (weights packed once, at load);
   /// a call may ask for the other, which is then loaded on first use.
   std::string precision = "fp32";
-  /// A JSON configuration for a weights file without one in its metadata; "" otherwise.
+  /// The path of a JSON configuration file (docs/checkpoints.md), for a weights file
+  /// without a configuration in its metadata; "" otherwise.
   std::string config = {};
 };
 
@@ -104,10 +106,12 @@ class TextModel {
   /// The model of a safetensors file (its configuration from the file's metadata, or
   /// options.config), and the tokenizer files of `tokenizer_dir` (encoder.json +
   /// vocab.bpe, vocab.json + merges.txt, or tokenizer.json); "" is GPT-2's. Throws
-  /// IoError naming a missing file, FormatError for a file that is not what is expected.
+  /// IoError naming a missing file, FormatError for a file that is not an ldlm weights
+  /// file (safetensors of another model included), ConfigError for options.config.
   static TextModel open(const std::string& weights, const std::string& tokenizer_dir = {},
                         const TextModelOptions& options = {});
 
+  /// A moved-from TextModel may only be assigned to or destroyed.
   TextModel(TextModel&&) noexcept;
   TextModel& operator=(TextModel&&) noexcept;
   ~TextModel();

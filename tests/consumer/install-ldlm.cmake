@@ -41,12 +41,15 @@ run("${CMAKE_COMMAND}" ${configure_args})
 run("${CMAKE_COMMAND}" --build "${WORK_DIR}")
 run("${CMAKE_COMMAND}" --install "${WORK_DIR}")
 
-foreach(f include/ldlm/ldlm.hpp include/ldlm/io/tokenizer.hpp share/cmake/ldlm/ldlmConfig.cmake
-          share/cmake/ldlm/ldlmConfigVersion.cmake share/cmake/ldlm/ldlmTargets.cmake
-          share/cmake/ldlm/ldlmFindPCRE2.cmake share/ldlm/gpt2/encoder.json share/ldlm/gpt2/vocab.bpe
+foreach(f include/ldlm/ldlm.hpp include/ldlm/io/tokenizer.hpp lib/cmake/ldlm/ldlmConfig.cmake
+          lib/cmake/ldlm/ldlmConfigVersion.cmake lib/cmake/ldlm/ldlmTargets.cmake lib/libldlm_text.a
+          lib/cmake/ldlm/ldlmFindPCRE2.cmake share/ldlm/gpt2/encoder.json share/ldlm/gpt2/vocab.bpe
           share/ldlm/gpt2/LICENSE share/ldlm/ldlm-demo.safetensors include/ldlm/text_model.hpp)
   if(NOT EXISTS "${PREFIX}/${f}")
     message(FATAL_ERROR "install-ldlm.cmake: ${PREFIX}/${f} was not installed")
   endif()
 endforeach()
+if(EXISTS "${PREFIX}/include/ldlm/text_model_impl.hpp")
+  message(FATAL_ERROR "install-ldlm.cmake: text_model_impl.hpp was installed; it is compiled into ldlm::text")
+endif()
 message(STATUS "ldlm installed into ${PREFIX}")

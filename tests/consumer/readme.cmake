@@ -7,7 +7,7 @@
 #   built, and run.
 #
 # Inputs (-D): LDLM_SOURCE_DIR, WORK_DIR, PREFIX, GENERATOR, CXX_COMPILER
-cmake_minimum_required(VERSION 3.25)  # the policies of a script: while(TRUE), if() on numbers
+cmake_minimum_required(VERSION 3.21)  # the policies of a script: while(TRUE), if() on numbers
 foreach(var LDLM_SOURCE_DIR WORK_DIR PREFIX GENERATOR)
   if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
     message(FATAL_ERROR "readme.cmake: ${var} is not set")

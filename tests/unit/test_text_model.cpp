@@ -121,6 +121,13 @@ TEST(TextModel, PreviewSeesEveryStepAndCanCancel) {
                   [&] { demo().generate({.length = 4, .on_step = [&](const TextStep&) { return ++calls < 3; }}); }),
               HasSubstr("after step 3"));
   EXPECT_EQ(calls, 3);
+  // The cancelled call's context goes back to the pool and serves the next call as new.
+  const TextOptions options{.length = 6, .seed = 9, .threads = 1};
+  const std::vector<std::string> before = demo().generate(options);
+  EXPECT_THROW(
+      demo().generate({.length = 6, .seed = 9, .threads = 1, .on_step = [](const TextStep&) { return false; }}),
+      SamplingCancelled);
+  EXPECT_EQ(demo().generate(options), before);
 }
 
 TEST(TextModel, TimingsCountTheCallsAndTheTokens) {
@@ -183,6 +190,12 @@ TEST(TextModel, OpenNamesAMissingOrForeignFile) {
   const std::string foreign = std::string(LDLM_GPT2_TOKENIZER_DIR) + "/encoder.json";
   EXPECT_THAT(error_of<FormatError>([&] { TextModel::open(foreign); }),
               AllOf(HasSubstr(foreign), HasSubstr("is not an ldlm weights file")));
+  // Safetensors of something else: a primitive's reference dump.
+  const std::string other = std::string(LDLM_TEST_DATA_DIR) + "/primitives/swiglu.safetensors";
+  EXPECT_THAT(error_of<FormatError>([&] { TextModel::open(other); }),
+              AllOf(HasSubstr(other), HasSubstr("is not an ldlm weights file"), HasSubstr("no denoiser.* tensor")));
+  EXPECT_THAT(error_of<ConfigError>([] { TextModel::open(LDLM_DEMO_MODEL, "", {.config = "/nonexistent/c.json"}); }),
+              AllOf(HasSubstr("TextModel::open"), HasSubstr("/nonexistent/c.json")));
   EXPECT_THAT(error_of<IoError>([] { TextModel::open(LDLM_DEMO_MODEL, "/nonexistent/tokenizer"); }),
               HasSubstr("/nonexistent/tokenizer"));
   EXPECT_THAT(error_of<InvalidArgument>([] { TextModel::open(LDLM_DEMO_MODEL, "", {.precision = "fp16"}); }),
@@ -211,6 +224,10 @@ TEST(TextModel, FieldsOutOfRangeNameTheFieldTheValueAndTheRange) {
       {{.length = 0}, {"length", "[1, ", "got 0"}},
       {{.length = 100000}, {"length", "got 100000"}},
       {{.batch = 0}, {"batch", "[1, 65536]", "got 0"}},
+      {{.batch = 65537}, {"batch", "got 65537"}},
+      {{.steps = 1048577}, {"steps", "got 1048577"}},
+      {{.threads = -1}, {"threads", "got -1"}},
+      {{.resample = 1001}, {"resample", "got 1001"}},
       {{.steps = -1}, {"steps", "[0, 1048576]", "got -1"}},
       {{.threads = 2000}, {"threads", "[0, 1024]", "got 2000"}},
       {{.resample = -2}, {"resample", "[0, 1000]", "got -2"}},
@@ -224,6 +241,13 @@ TEST(TextModel, FieldsOutOfRangeNameTheFieldTheValueAndTheRange) {
     EXPECT_THAT(message, HasSubstr("TextModel::generate"));
     for (const std::string& word : c.words) EXPECT_THAT(message, HasSubstr(word));
   }
+  // Each call names itself.
+  EXPECT_THAT(error_of<InvalidArgument>([] { demo().generate_ids({.batch = 0}); }),
+              HasSubstr("TextModel::generate_ids"));
+  EXPECT_THAT(error_of<InvalidArgument>([] { demo().continue_ids(TokenIds{464}, {.length = 0}); }),
+              HasSubstr("TextModel::continue_ids: length must be in [1, "));
+  EXPECT_THAT(error_of<InvalidArgument>([] { demo().continue_text("The", {.steps = -1}); }),
+              HasSubstr("TextModel::continue_text: steps"));
   EXPECT_THAT(error_of<InvalidArgument>([] {
                 std::string prompt;
                 for (int i = 0; i < 3000; ++i) prompt += " the";
