@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -16,6 +15,7 @@
 #include <thread>
 #include <utility>
 
+#include "ldlm/core/stopwatch.hpp"
 #include "ldlm/io/masked_text.hpp"
 #include "ldlm/io/safetensors.hpp"
 #include "ldlm/io/tokenizer.hpp"
@@ -33,10 +33,6 @@ inline constexpr int kMaxTextBatch = 1 << 16;
 inline constexpr int kMaxTextSteps = 1 << 20;
 inline constexpr int kMaxTextThreads = 1024;
 inline constexpr int kMaxTextResample = 1000;
-
-inline double milliseconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
 
 /// The text of an error message: at most `limit` bytes of `text`, quoted.
 inline std::string quoted_text(std::string_view text, std::size_t limit = 60) {
@@ -137,8 +133,8 @@ struct TextModel::Impl {
 
   /// B samples of `row` (the mask id at every position to sample), as ids, and as texts
   /// when `texts` is given.
-  std::vector<TokenIds> run(std::string_view op, const TokenIds& row, const TextOptions& o,
-                            std::chrono::steady_clock::time_point start, std::vector<std::string>* texts) const;
+  std::vector<TokenIds> run(std::string_view op, const TokenIds& row, const TextOptions& o, const Stopwatch& clock,
+                            std::vector<std::string>* texts) const;
 };
 
 TextModel::TextModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -164,7 +160,7 @@ inline Precision text_precision(std::string_view op, const std::string& name, Pr
 }  // namespace detail
 
 TextModel TextModel::demo(const TextModelOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   if (!options.config.empty())
     throw InvalidArgument(
         "TextModel::demo: the demo model carries its own configuration; options.config must be empty");
@@ -180,13 +176,13 @@ TextModel TextModel::demo(const TextModelOptions& options) {
   auto impl = std::make_unique<Impl>(open, std::nullopt, detail::builtin_gpt2_tokenizer(), precision);
   impl->models[static_cast<std::size_t>(precision)] = impl->load(precision);
   impl->config = impl->models[static_cast<std::size_t>(precision)]->config;
-  impl->load_ms = detail::milliseconds_since(start);
+  impl->load_ms = 1e3 * clock.elapsed();
   return TextModel(std::move(impl));
 }
 
 TextModel TextModel::open(const std::string& weights, const std::string& tokenizer_dir,
                           const TextModelOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const std::string op = "TextModel::open";
   const Precision precision = detail::text_precision(op, options.precision, Precision::fp32);
   std::optional<Config> given;
@@ -240,13 +236,12 @@ TextModel TextModel::open(const std::string& weights, const std::string& tokeniz
   // refuses a file that has changed since).
   impl->given_config = model->config;
   impl->models[static_cast<std::size_t>(precision)] = std::move(model);
-  impl->load_ms = detail::milliseconds_since(start);
+  impl->load_ms = 1e3 * clock.elapsed();
   return TextModel(std::move(impl));
 }
 
 std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& row, const TextOptions& o,
-                                           std::chrono::steady_clock::time_point start,
-                                           std::vector<std::string>* texts) const {
+                                           const Stopwatch& clock, std::vector<std::string>* texts) const {
   using detail::check_field;
   check_field(op, "batch", o.batch, 1, detail::kMaxTextBatch);
   check_field(op, "steps", o.steps, 0, detail::kMaxTextSteps);
@@ -297,10 +292,10 @@ std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& 
       return o.on_step(TextStep{step.progress.step, step.progress.steps, step.progress.denoiser_calls,
                                 step.progress.total_calls, step.t, step_texts, samples});
     };
-  const double before_sampling_ms = detail::milliseconds_since(start);
+  const double before_sampling_ms = 1e3 * clock.elapsed();
   GenerationStats stats;
   const TokenTensor tokens = Pipeline(*model).generate(ctx, ids, sampler, condition, &stats, preview);
-  const auto decode_start = std::chrono::steady_clock::now();
+  const Stopwatch decode_clock;
   std::vector<TokenIds> samples = to_ids(tokens);
   if (texts) *texts = to_texts(samples);
   if (o.timings) {
@@ -308,8 +303,8 @@ std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& 
     t.encode_ms = before_sampling_ms + 1e3 * stats.encode_seconds;
     t.sample_ms = 1e3 * stats.sample_seconds;
     t.preview_ms = 1e3 * stats.preview_seconds;
-    t.decode_ms = 1e3 * stats.decode_seconds + detail::milliseconds_since(decode_start);
-    t.total_ms = detail::milliseconds_since(start);
+    t.decode_ms = 1e3 * stats.decode_seconds + 1e3 * decode_clock.elapsed();
+    t.total_ms = 1e3 * clock.elapsed();
     t.steps = stats.steps;
     t.denoiser_calls = stats.denoiser_calls;
     const std::int64_t mask = mask_id(config);
@@ -346,57 +341,57 @@ inline void require_mask(std::string_view op, const Config& c, const TokenIds& r
 }  // namespace detail
 
 std::vector<TokenIds> TextModel::generate_ids(const TextOptions& options) const {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const std::string_view op = "TextModel::generate_ids";
   const TokenIds row =
       detail::open_sequence(op, impl_->config, {}, impl_->tokenizer.encode(options.suffix), options.length);
-  return impl_->run(op, row, options, start, nullptr);
+  return impl_->run(op, row, options, clock, nullptr);
 }
 
 std::vector<std::string> TextModel::generate(const TextOptions& options) const {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const std::string_view op = "TextModel::generate";
   const TokenIds row =
       detail::open_sequence(op, impl_->config, {}, impl_->tokenizer.encode(options.suffix), options.length);
   std::vector<std::string> texts;
-  impl_->run(op, row, options, start, &texts);
+  impl_->run(op, row, options, clock, &texts);
   return texts;
 }
 
 std::vector<TokenIds> TextModel::continue_ids(std::span<const std::int64_t> prompt, const TextOptions& options) const {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const std::string_view op = "TextModel::continue_ids";
   const TokenIds row =
       detail::open_sequence(op, impl_->config, prompt, impl_->tokenizer.encode(options.suffix), options.length);
-  return impl_->run(op, row, options, start, nullptr);
+  return impl_->run(op, row, options, clock, nullptr);
 }
 
 std::vector<std::string> TextModel::continue_text(std::string_view prompt, const TextOptions& options) const {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const std::string_view op = "TextModel::continue_text";
   const TokenIds prompt_ids = impl_->tokenizer.encode(prompt);
   const TokenIds row =
       detail::open_sequence(op, impl_->config, prompt_ids, impl_->tokenizer.encode(options.suffix), options.length);
   std::vector<std::string> texts;
-  impl_->run(op, row, options, start, &texts);
+  impl_->run(op, row, options, clock, &texts);
   return texts;
 }
 
 std::vector<TokenIds> TextModel::infill_ids(std::span<const std::int64_t> ids, const TextOptions& options) const {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const std::string_view op = "TextModel::infill_ids";
   const TokenIds row(ids.begin(), ids.end());
   detail::require_mask(op, impl_->config, row, "the ids");
-  return impl_->run(op, row, options, start, nullptr);
+  return impl_->run(op, row, options, clock, nullptr);
 }
 
 std::vector<std::string> TextModel::infill(std::string_view text, const TextOptions& options) const {
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch clock;
   const std::string_view op = "TextModel::infill";
   const TokenIds row = encode_masked_text(impl_->tokenizer, text);
   detail::require_mask(op, impl_->config, row, "the text " + detail::quoted_text(text));
   std::vector<std::string> texts;
-  impl_->run(op, row, options, start, &texts);
+  impl_->run(op, row, options, clock, &texts);
   return texts;
 }
 
