@@ -77,6 +77,10 @@ struct TextOptions {
   /// batch per step (docs/performance.md gives the measured cost). Returning false cancels
   /// the call, which throws SamplingCancelled.
   std::function<bool(const TextStep&)> on_step = {};
+  /// Asked after every step, without on_step's decode: returning true cancels the call,
+  /// which throws SamplingCancelled. For a caller that stops work it no longer needs
+  /// (a Python KeyboardInterrupt, an HTTP client gone).
+  std::function<bool()> cancel = {};
   TextTimings* timings = nullptr;
 };
 

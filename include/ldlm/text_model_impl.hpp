@@ -253,6 +253,7 @@ std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& 
       detail::named_field(op, "schedule", o.schedule, sampler.grid.grid, find_time_grid, time_grid_names());
   if (o.steps > 0) sampler.steps = o.steps;
   sampler.seed = o.seed;
+  if (o.cancel) sampler.progress = [&o](const SamplingProgress&) { return !o.cancel(); };
   ConditionOptions condition;
   condition.method =
       detail::named_field(op, "method", o.method, condition.method, find_condition_method, condition_method_names());

@@ -130,6 +130,19 @@ TEST(TextModel, PreviewSeesEveryStepAndCanCancel) {
   EXPECT_EQ(demo().generate(options), before);
 }
 
+TEST(TextModel, CancelStopsAtTheNextStepWithoutAPreview) {
+  int asked = 0;
+  TextTimings t;
+  EXPECT_THAT(error_of<SamplingCancelled>([&] {
+                demo().generate({.length = 4, .steps = 8, .cancel = [&] { return ++asked == 2; }, .timings = &t});
+              }),
+              HasSubstr("after step 2"));
+  EXPECT_EQ(asked, 2);
+  // Never cancelling changes nothing.
+  const TextOptions options{.length = 5, .seed = 4};
+  EXPECT_EQ(demo().generate({.length = 5, .seed = 4, .cancel = [] { return false; }}), demo().generate(options));
+}
+
 TEST(TextModel, TimingsCountTheCallsAndTheTokens) {
   TextTimings t;
   demo().continue_text("The old man", {.length = 5, .batch = 2, .sampler = "heun", .steps = 4, .timings = &t});
