@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages ldlm needs, skipping those already installed.
 #
-#   bash tools/install-deps.sh            build + tests + tool + benchmarks
-#   bash tools/install-deps.sh --python   also PyTorch/NumPy/Matplotlib/OpenBLAS: for tools/convert.py
-#                                         and its tests, to regenerate tests/data, or to
-#                                         compare benchmarks
+#   bash tools/install-deps.sh            build + tests + tool + benchmarks + Python module
+#   bash tools/install-deps.sh --python   also PyTorch/Matplotlib/OpenBLAS: for tools/convert.py
+#                                         and its tests, the Python module's parity tests,
+#                                         to regenerate tests/data, or to compare benchmarks
 #
 # Runs apt-get update once, and only when something is missing. Uses sudo when
 # not run as root. Works non-interactively (CI).
 set -euo pipefail
 
-packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libpcre2-dev)
+# pybind11-dev, python3-dev, python3-numpy, python3-pytest: the Python module (tools/python)
+# and its tests, built and run by default when they are found; python3-pip: its
+# `pip install --no-build-isolation .`.
+packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libpcre2-dev
+          pybind11-dev python3-dev python3-numpy python3-pytest python3-pip)
 
 usage() {
   sed -n '2,10s/^# \{0,1\}//p' "$0"
