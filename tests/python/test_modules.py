@@ -130,6 +130,8 @@ def test_not_an_array_and_bad_keywords(model):
     assert "ldlm.encoder" in message and "'scale'" in message
     message = error_of(lambda: model.encoder(activation(model), threads=-1), ldlm.InvalidArgument)
     assert "threads" in message and "-1" in message
+    message = error_of(lambda: model.encoder(activation(model), threads="2"), ldlm.InvalidArgument)
+    assert "ldlm.encoder" in message and "threads must be an int, got str" in message
 
 
 def test_ids_outside_the_vocabulary(model):

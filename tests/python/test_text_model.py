@@ -112,6 +112,14 @@ def test_config_round_trip_and_errors(tmp_path):
         ldlm.Config.from_dict({"d_model": 1.5})
     import pickle
     assert pickle.loads(pickle.dumps(small)) == small
+    with pytest.raises(ldlm.IoError, match="missing.json"):
+        ldlm.Config.load(str(tmp_path / "missing.json"))
+    not_weights = tmp_path / "c.safetensors"
+    not_weights.write_text("{}")
+    with pytest.raises(ldlm.FormatError, match="c.safetensors"):
+        ldlm.Config.from_weights(str(not_weights))
+    with pytest.raises(ldlm.ConfigError, match="head"):
+        ldlm.params({"d_model": 64})  # n_heads * head_dim must equal d_model
 
 
 def test_params_is_the_parameter_table():

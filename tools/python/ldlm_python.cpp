@@ -592,7 +592,14 @@ PYBIND11_MODULE(_ldlm, m) {
             const auto& loaded = h.owner->loaded;
             if (std::find(loaded.begin(), loaded.end(), h.name) == loaded.end())
               throw InvalidArgument(h.where() + ": this module was not loaded (load_model's modules= left it out)");
-            const int threads = kwargs.contains("threads") ? kwargs["threads"].cast<int>() : 0;
+            int threads = 0;
+            if (kwargs.contains("threads")) {
+              const py::object value = kwargs["threads"];
+              if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value))
+                throw InvalidArgument(h.where() + ": threads must be an int, got " +
+                                      py::str(py::type::of(value).attr("__name__")).cast<std::string>());
+              threads = value.cast<int>();
+            }
             const Model& model = h.owner->model;
             std::size_t count = 1;
             if (h.name == "denoiser") count = 3;
