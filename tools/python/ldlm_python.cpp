@@ -67,8 +67,7 @@ py::array expect_array(const std::string& where, const char* argument, const py:
 }
 
 /// A C-contiguous float32 [B, T, d] activation with 1 <= T <= max_positions and B >= 1.
-py::array expect_activation(const std::string& where, const char* argument, const py::object& object,
-                            const Config& c) {
+py::array expect_activation(const std::string& where, const char* argument, const py::object& object, const Config& c) {
   py::array a = expect_array<float>(where, argument, object, "float32");
   const Shape shape = array_shape(a);
   check_shape(where, argument, {-1, -1, c.d_model}, shape);
@@ -96,8 +95,11 @@ std::uintptr_t address_of(const void* p) { return reinterpret_cast<std::uintptr_
 class Output {
  public:
   Output(Index B, Index T, Index width)
-      : B_(B), T_(T), width_(width), data_(static_cast<float*>(Eigen::internal::aligned_malloc(
-                                         static_cast<std::size_t>(B * T * width) * sizeof(float)))) {}
+      : B_(B),
+        T_(T),
+        width_(width),
+        data_(static_cast<float*>(
+            Eigen::internal::aligned_malloc(static_cast<std::size_t>(B * T * width) * sizeof(float)))) {}
   Output(const Output&) = delete;
   Output& operator=(const Output&) = delete;
   ~Output() { Eigen::internal::aligned_free(data_); }
@@ -138,7 +140,8 @@ py::array_t<std::int64_t> ids_array(const std::vector<TokenIds>& samples, const 
                   std::to_string(s.size()) + " tokens) cannot form one array");
   py::array_t<std::int64_t> out({static_cast<py::ssize_t>(samples.size()), static_cast<py::ssize_t>(T)});
   std::int64_t* data = out.mutable_data();
-  for (std::size_t b = 0; b < samples.size(); ++b) std::memcpy(data + b * T, samples[b].data(), T * sizeof(std::int64_t));
+  for (std::size_t b = 0; b < samples.size(); ++b)
+    std::memcpy(data + b * T, samples[b].data(), T * sizeof(std::int64_t));
   return out;
 }
 
@@ -324,8 +327,7 @@ struct ModuleHandle {
 
 /// The whole model (every parameter present, nothing left over), or only `modules`
 /// from a file that may hold just those (a denoiser of one's own, say).
-std::shared_ptr<const LoadedModel> load(const std::string& path, const py::object& config,
-                                        const std::string& precision,
+std::shared_ptr<const LoadedModel> load(const std::string& path, const py::object& config, const std::string& precision,
                                         const std::optional<std::vector<std::string>>& modules) {
   std::optional<Config> given;
   if (!config.is_none()) given = to_config(config, "ldlm.load_model");
@@ -366,11 +368,11 @@ struct CallOptions {
   py::object on_step = py::none();
 };
 
-#define LDLM_PY_CALL_ARGS                                                                                       \
+#define LDLM_PY_CALL_ARGS                                                                                           \
   py::kw_only(), py::arg("length") = 32, py::arg("batch") = 1, py::arg("seed") = 0, py::arg("suffix") = py::none(), \
-      py::arg("sampler") = py::none(), py::arg("steps") = 0, py::arg("schedule") = py::none(),                    \
-      py::arg("precision") = py::none(), py::arg("threads") = 0, py::arg("method") = py::none(),                  \
-      py::arg("resample") = 0, py::arg("on_step") = py::none()
+                 py::arg("sampler") = py::none(), py::arg("steps") = 0, py::arg("schedule") = py::none(),           \
+                 py::arg("precision") = py::none(), py::arg("threads") = 0, py::arg("method") = py::none(),         \
+                 py::arg("resample") = 0, py::arg("on_step") = py::none()
 
 /// Runs `call(options)` with the GIL released, with on_step and the interrupt check
 /// wired to Python. A Python exception raised inside (by on_step, or KeyboardInterrupt
@@ -443,8 +445,8 @@ struct PyTextModel {
         o, [&](const TextOptions& t) { return model->continue_text(prompt, t); }));
   }
   py::list infill(const std::string& text, const CallOptions& o) const {
-    return texts_of(with_text_options<std::vector<std::string>>(
-        o, [&](const TextOptions& t) { return model->infill(text, t); }));
+    return texts_of(
+        with_text_options<std::vector<std::string>>(o, [&](const TextOptions& t) { return model->infill(text, t); }));
   }
   py::array_t<std::int64_t> generate_ids(const CallOptions& o) const {
     return ids_array(
@@ -470,8 +472,18 @@ CallOptions call_options(int length, int batch, std::uint64_t seed, std::optiona
   if (!on_step.is_none() && !PyCallable_Check(on_step.ptr()))
     throw InvalidArgument("ldlm.TextModel: on_step must be callable or None, got " +
                           py::str(py::type::of(on_step).attr("__name__")).cast<std::string>());
-  return {length,    batch, seed,   std::move(suffix), std::move(sampler), steps, std::move(schedule),
-          std::move(precision), threads, std::move(method), resample, std::move(on_step)};
+  return {length,
+          batch,
+          seed,
+          std::move(suffix),
+          std::move(sampler),
+          steps,
+          std::move(schedule),
+          std::move(precision),
+          threads,
+          std::move(method),
+          resample,
+          std::move(on_step)};
 }
 
 // ---------------------------------------------------------------------------- errors
@@ -534,8 +546,8 @@ PYBIND11_MODULE(_ldlm, m) {
         const LDLM<float> shapes_only(to_config(c, "ldlm.params"));  // allocates no parameter
         py::dict table;
         for (const auto& row : parameter_table(shapes_only))
-          table[row.module.c_str()] = py::dict(py::arg("trained") = row.counts.trained,
-                                               py::arg("frozen") = row.counts.frozen);
+          table[row.module.c_str()] =
+              py::dict(py::arg("trained") = row.counts.trained, py::arg("frozen") = row.counts.frozen);
         const ParameterCounts total = count_parameters(shapes_only);
         table["total"] = py::dict(py::arg("trained") = total.trained, py::arg("frozen") = total.frozen);
         table["denoiser_final_layernorm"] = count_parameters(shapes_only.denoiser.output_layer.norm_final).total();
@@ -617,7 +629,8 @@ PYBIND11_MODULE(_ldlm, m) {
                 throw InvalidArgument(h.where() + ": unexpected keyword argument '" + key.cast<std::string>() + "'");
             const Index d = model.config.d_model;
             if (h.name == "feature_model") return h.features(arg(0, "ids", false), threads);
-            if (h.name == "encoder") return h.one_input(model.encoder, "features", d, arg(0, "features", false), threads);
+            if (h.name == "encoder")
+              return h.one_input(model.encoder, "features", d, arg(0, "features", false), threads);
             if (h.name == "latent_decoder")
               return h.one_input(model.latent_decoder, "z", d, arg(0, "z", false), threads);
             if (h.name == "token_decoder")
@@ -749,8 +762,8 @@ PYBIND11_MODULE(_ldlm, m) {
              std::optional<std::string> schedule, std::optional<std::string> precision, int threads,
              std::optional<std::string> method, int resample, py::object on_step) {
             return t.infill_ids(ids, call_options(length, batch, seed, std::move(suffix), std::move(sampler), steps,
-                                                  std::move(schedule), std::move(precision), threads,
-                                                  std::move(method), resample, std::move(on_step)));
+                                                  std::move(schedule), std::move(precision), threads, std::move(method),
+                                                  resample, std::move(on_step)));
           },
           py::arg("ids"), LDLM_PY_CALL_ARGS, "infill on ids (mask_id where to fill), as int64 ids [batch, T].")
       .def(
