@@ -1,1 +1,0 @@
-"""The PyTorch reference of ldlm (docs/model.md): ldlm_torch, ldlm_init, safetensors_io, sampling."""
