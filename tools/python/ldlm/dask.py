@@ -181,23 +181,22 @@ def main(argv=None) -> int:
     a = parser.parse_args(argv)
     if a.local is not None and a.local < 1:
         parser.error(f"--local must be at least 1, got {a.local}")
+    from concurrent.futures import CancelledError
+
+    from distributed import Client, KilledWorker, LocalCluster
+
     try:
         if a.serial:
             results = generate_jsonl(None, a.input, a.output, a.model, threads=a.threads)
+        elif a.local is not None:
+            with LocalCluster(n_workers=a.local, threads_per_worker=1, processes=True, host="127.0.0.1",
+                              dashboard_address=None) as cluster, Client(cluster) as client:
+                results = generate_jsonl(client, a.input, a.output, a.model, threads=a.threads, timeout=a.timeout)
         else:
-            from distributed import Client, LocalCluster
-
-            if a.local is not None:
-                with LocalCluster(n_workers=a.local, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None) as cluster, Client(cluster) as client:
-                    results = generate_jsonl(client, a.input, a.output, a.model, threads=a.threads,
-                                             timeout=a.timeout)
-            else:
-                with Client(a.scheduler, timeout=a.timeout or "30s") as client:
-                    results = generate_jsonl(client, a.input, a.output, a.model, threads=a.threads,
-                                             timeout=a.timeout)
-    except OSError as e:
-        print(f"ldlm.dask: error: {e}", file=sys.stderr)
+            with Client(a.scheduler, timeout=a.timeout or "30s") as client:
+                results = generate_jsonl(client, a.input, a.output, a.model, threads=a.threads, timeout=a.timeout)
+    except (OSError, CancelledError, KilledWorker) as e:  # OSError: files, connections, timeouts
+        print(f"ldlm.dask: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     errors = sum("error" in r for r in results)
     print(f"ldlm.dask: {len(results)} result(s) in {a.output}, {errors} error(s)", file=sys.stderr)
@@ -205,4 +204,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the module ldlm.dask, not this __main__: the tasks must reach the
+    # workers as references to ldlm.dask's functions, which the workers import.
+    from ldlm.dask import main as package_main
+
+    sys.exit(package_main())
