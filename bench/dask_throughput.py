@@ -9,6 +9,8 @@ The request set is fixed (REQUESTS). Both clusters start first and run the set o
 to load the model in every worker; then each round times the three ways once, in an
 order that rotates from round to round, so a slow minute of a shared machine falls on
 each of them in turn. A time is the wall time of the whole batch, results gathered.
+Last, the request time of fresh processes with and without Dask's nanny's malloc
+setting, and with ldlm.dask's undoing of it (docs/dask.md).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 
 import ldlm.dask
@@ -33,6 +36,33 @@ def cpu_name() -> str:
     out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
     return ", ".join(f"{k} {fields[k].strip()}" for k in ("Model name", "CPU family", "Model", "CPU(s)") if k in fields)
+
+
+# One process: the demo model, then the mean seconds of 20 requests of 64 tokens.
+MALLOC_PROBE = """
+import sys, time, ldlm, ldlm.dask
+if sys.argv[1] == "undo":
+    ldlm.dask._undo_nanny_malloc_setting()
+lm = ldlm.TextModel.demo()
+lm.generate(length=64, threads=1)
+t0 = time.perf_counter()
+for seed in range(20):
+    lm.generate(length=64, seed=seed, threads=1)
+print((time.perf_counter() - t0) / 20)
+"""
+MALLOC_WAYS = {"plain": ({}, "keep"), "nanny's MALLOC_TRIM_THRESHOLD_=65536": ({"MALLOC_TRIM_THRESHOLD_": "65536"}, "keep"),
+               "the same, then ldlm.dask's mallopt": ({"MALLOC_TRIM_THRESHOLD_": "65536"}, "undo")}
+
+
+def malloc_rounds(rounds: int) -> dict:
+    """Seconds per request in a fresh process, with and without the nanny's setting."""
+    seconds = {name: [] for name in MALLOC_WAYS}
+    for _ in range(rounds):
+        for name, (env, mode) in MALLOC_WAYS.items():
+            out = subprocess.run([sys.executable, "-c", MALLOC_PROBE, mode], env=dict(os.environ, **env),
+                                 capture_output=True, text=True, check=True).stdout
+            seconds[name].append(float(out))
+    return seconds
 
 
 def main() -> None:
@@ -63,6 +93,7 @@ def main() -> None:
                 rates[name].append(texts / (time.perf_counter() - t0))
                 assert result == serial, f"{name} differs from the serial run"
             print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:.1f}/s" for n in names), flush=True)
+    malloc = malloc_rounds(3)
     load_after = os.getloadavg()
 
     median1, median2 = statistics.median(rates["1 worker"]), statistics.median(rates["2 workers"])
@@ -94,6 +125,15 @@ def main() -> None:
     lines += ["",
               f"2 workers / 1 worker: {median2 / median1:.2f}× (medians); paired by round "
               f"{min(paired):.2f}–{max(paired):.2f}×."]
+    lines += ["",
+              "The nanny's malloc setting: seconds per demo-model request of 64 tokens (mean of 20, after one",
+              "untimed), each in a fresh process, 3 rounds in turn (`MALLOC_PROBE` in the script). Dask's nanny",
+              "starts workers with `MALLOC_TRIM_THRESHOLD_=65536`; ldlm.dask undoes it in each worker (docs/dask.md).",
+              "",
+              "| process | median s/request | range |",
+              "|---|---|---|"]
+    for name, v in malloc.items():
+        lines.append(f"| {name} | {statistics.median(v):.3f} | {min(v):.3f}–{max(v):.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -52,10 +52,9 @@ _loads = 0
 def _undo_nanny_malloc_setting() -> None:
     """Dask's nanny starts each worker with MALLOC_TRIM_THRESHOLD_=65536, which also stops
     glibc from raising its mmap threshold above 128 KiB: every larger temporary of a
-    request is then mapped and page-faulted afresh, and a demo-model request of 64 tokens
-    took 2.5-3x as long (0.154-0.161 s against 0.061-0.063 s, 3 alternating runs,
-    bench/results/dask-amd-epyc-zen5.md). This sets the two thresholds where glibc's own
-    adjustment takes them (mmap 32 MiB, its maximum; trim twice that)."""
+    request is then mapped and page-faulted afresh, which made a demo-model request
+    2.5-3x slower (bench/results/dask-amd-epyc-zen5.md). This sets the two thresholds
+    where glibc's own adjustment takes them (mmap 32 MiB, its maximum; trim twice that)."""
     if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
         return
     try:
