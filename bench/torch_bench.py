@@ -47,7 +47,7 @@ def case_list(threads: int):
     module and returns the zero-argument callable to time."""
     import torch
     import torch.nn.functional as F
-    import ldlm_torch as lt
+    from reference import ldlm_torch as lt
 
     cfg = lt.LDLM_BASE
     d = cfg.d_model
@@ -145,8 +145,7 @@ def parse_precisions(text: str) -> list:
 def worker(args) -> None:
     import torch
 
-    sys.path.insert(0, os.path.join(REPO, "tools", "reference"))
-    import ldlm_init
+    from reference import ldlm_init
 
     torch.set_num_threads(args.worker)
     precisions = parse_precisions(args.precisions)
@@ -205,6 +204,8 @@ def main() -> None:
     runs, capability = [], {}
     for n in [int(s) for s in args.threads.split(",") if s]:
         env = dict(os.environ, **{v: str(n) for v in THREAD_VARS})
+        # The worker imports the reference package from tools/.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "tools"), os.environ.get("PYTHONPATH")) if p)
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n), "--filter", args.filter,
                "--precisions", args.precisions, "--min-reps", str(args.min_reps), "--max-reps", str(args.max_reps), "--budget", str(args.budget)]
         out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout

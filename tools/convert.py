@@ -24,9 +24,10 @@ from collections.abc import Mapping
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference"))
-import ldlm_torch as L  # noqa: E402
-from safetensors_io import SafetensorsError, read_safetensors, write_safetensors  # noqa: E402
+# Run as a script, Python puts this file's directory (tools/) first on the path, where
+# the reference package lives.
+from reference import ldlm_torch as L
+from reference.safetensors_io import SafetensorsError, read_safetensors, write_safetensors
 
 CONFIG_KEY = "ldlm.config"
 SEED_KEY = "ldlm.feature_model_init_seed"

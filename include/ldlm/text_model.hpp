@@ -104,7 +104,7 @@ struct TextModelInfo {
 
 class TextModel {
  public:
-  /// The trained demo model that ships with ldlm (its model card: tools/train/README.md),
+  /// The trained demo model that ships with ldlm (its model card: research/train/README.md),
   /// with GPT-2's tokenizer. Both are linked into ldlm::text: no file is read.
   static TextModel demo(const TextModelOptions& options = {});
   /// The model of a safetensors file (its configuration from the file's metadata, or

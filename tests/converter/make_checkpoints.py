@@ -37,10 +37,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "tools", "reference"))
-import ldlm_init  # noqa: E402
-import ldlm_torch as L  # noqa: E402
-from safetensors_io import read_safetensors, write_safetensors  # noqa: E402
+from reference import ldlm_init  # with tools/ on PYTHONPATH, as CTest runs it
+from reference import ldlm_torch as L
+from reference.safetensors_io import read_safetensors, write_safetensors
 
 CONFIG = os.path.join(REPO, "tests", "data", "model_small", "config.json")
 

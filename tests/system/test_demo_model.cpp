@@ -1,7 +1,7 @@
-// The shipped demo model (tools/assets/ldlm-demo, trained by tools/train) against the
+// The shipped demo model (tools/assets/ldlm-demo, trained by research/train) against the
 // training code's own forward, and its reconstruction accuracy on real text.
 //
-// Dumps: tests/data/demo, written by tools/train/parity.py from the reference modules
+// Dumps: tests/data/demo, written by research/train/parity.py from the reference modules
 // of tools/reference/ldlm_torch.py with the shipped weights (the feature model
 // regenerated from the file's seed on both sides). Inputs come from real sentences.
 //
@@ -21,7 +21,7 @@
 // - Chain argmax: the ids of encode-then-decode must equal PyTorch's wherever the
 //   reference's best logit leads the second by more than the chain's error can move
 //   them (kArgmaxMargin); the dump records that margin for every position.
-// - Accuracy: the demo model's targets (tools/train/README.md): at least 95 % of held-out
+// - Accuracy: the demo model's targets (research/train/README.md): at least 95 % of held-out
 //   corpus tokens and 90 % of tokens of modern English sentences come back.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // out on the built-in demo model, the ids calls, the per-step preview, the timings,
 // sharing one model between threads, and every bad input's message.
 //
-// The demo model is small (docs: tools/train/README.md), so each call here takes
+// The demo model is small (docs: research/train/README.md), so each call here takes
 // milliseconds. No tolerance is involved: TextModel must give the very ids that the
 // layers give (Pipeline on the same file, same options, one thread), bit for bit.
 #include <gmock/gmock.h>

@@ -93,7 +93,7 @@ std::optional<SafetensorsFile> open_model(const Args& args, const ModelOptions& 
 
 const std::string kModelChoice =
     "The model: without options, the built-in demo model, a small LDLM trained on English\n"
-    "text (tools/train/README.md): real reconstructions, English-like generations.\n"
+    "text (research/train/README.md): real reconstructions, English-like generations.\n"
     "--weights W runs the model of a file, with the configuration from its __metadata__\n"
     "'ldlm.config' when it has one (see 'ldlm forward --help'). --init-seed S (or --config C)\n"
     "gives the generator weights of ldlm-base (or of C): reproducible random weights that\n"

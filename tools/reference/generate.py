@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Write every reference dump of tests/data (see tests/data/README.md).
 
-    /usr/bin/python3 tools/reference/generate.py [--out tests/data] [--only CASE]
+    PYTHONPATH=tools /usr/bin/python3 -m reference.generate [--out tests/data] [--only CASE]
 
 CASE is a case name (e.g. `rotary`, `latent_attention`, `dpmpp-2m_karras`), a group
 (`primitives`, `attention`, `sampling`), or a model directory (`model_small`, `model_base`).
@@ -13,17 +13,14 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ldlm_init  # noqa: E402
-import ldlm_torch as L  # noqa: E402
-import sampling  # noqa: E402
-from safetensors_io import write_safetensors  # noqa: E402
+from . import ldlm_init, sampling
+from . import ldlm_torch as L
+from .safetensors_io import write_safetensors
 
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)

@@ -4,7 +4,8 @@ Written from docs/model.md alone.  State-dict names are exactly those of its mod
 sections.  Every reconstruction (docs/model.md §Documented facts and reconstructions)
 that changes what the model computes is a Config switch.
 
-Public API (imported by tools/reference/generate.py and benches):
+Public API (`from reference import ldlm_torch`, with tools/ on the path; used by
+reference.generate, the converter, the benchmarks and the research scripts):
   Config, Config.from_dict / from_json / to_dict / to_json, LDLM_BASE
   layer_norm_gain, rms_norm, timestep_embedding, rotary_cos_sin, apply_rotary,
   apply_softcap, attention, modulate, positions

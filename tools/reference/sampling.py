@@ -22,8 +22,8 @@ import os
 
 import torch
 
-import ldlm_torch as L
-from safetensors_io import read_safetensors, write_safetensors
+from . import ldlm_torch as L
+from .safetensors_io import read_safetensors, write_safetensors
 
 # ------------------------------------------------------------------ NormalGenerator
 _M64 = (1 << 64) - 1
@@ -641,7 +641,7 @@ def self_test():
     x(t_min) = x(1) sqrt(a^2 c^2 + s^2) at their order, and the stochastic ones
     reproduce the marginal variance a^2 c^2 + s^2.
 
-        python3 tools/reference/sampling.py    (the interpreter generate.py runs under)
+        PYTHONPATH=tools /usr/bin/python3 -m reference.sampling    (the interpreter generate.py runs under)
     """
     check_normal_generator()
     sch, c, t_min = Schedule(), 0.5, 0.05

@@ -67,7 +67,7 @@ inline constexpr std::array<SamplerInfo, 10> kSamplers{{
 }};
 
 /// The sampler the library and `ldlm generate` use unless told otherwise, chosen by the
-/// measurement of docs/model.md §Choosing the default (bench/results/samplers-*.md).
+/// measurement of docs/model.md §Choosing the default (research/results/samplers-*.md).
 inline constexpr SamplerKind kDefaultSampler = SamplerKind::dpmpp_3m;
 
 inline const SamplerInfo& sampler_info(SamplerKind kind) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Render the sampler measurement of bench/sampler_eval.cpp (ldlm_sampler_eval) as
-bench/results/samplers-<cpu>.md with a log-log plot of error against denoiser calls.
+"""Render the sampler measurement of research/sampler_eval.cpp (ldlm_sampler_eval) as
+research/results/samplers-<cpu>.md with a log-log plot of error against denoiser calls.
 
-  python3 bench/samplers.py RESULTS.json --out bench/results/samplers-amd-epyc-zen5
+  PYTHONPATH=tools python3 -m research.samplers RESULTS.json --out research/results/samplers-amd-epyc-zen5
 
 Adds the dictionary-word share of the stochastic samplers' texts (the model card's
 measure, /usr/share/dict/words from Debian's wamerican) when the JSON carries texts.
@@ -12,8 +12,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "train"))
-from dictionary import dictionary_share, load_dictionary  # noqa: E402
+from .train.dictionary import dictionary_share, load_dictionary
 
 
 def plot(runs, path, title):
@@ -65,7 +64,7 @@ def main():
     title = (f"{meta['model']}, T = {meta['length']}, {meta['seeds']} seeds, reference dpmpp-2m "
              f"{meta['reference_steps']} steps; {meta['cpu']} (family {meta['cpu_family']}, model {meta['cpu_model']})")
     out = [f"# Sampling quality per denoiser call", "", title, "",
-           "Written by `bench/samplers.py` from `ldlm_sampler_eval` (bench/sampler_eval.cpp); "
+           "Written by `research/samplers.py` from `ldlm_sampler_eval` (research/sampler_eval.cpp); "
            "the protocol is in docs/model.md §Choosing the default.", ""]
     agree = min(r["agreement_n_2n_sample"] for r in refs)
     agree_d = min(r["agreement_n_2n_denoised"] for r in refs)

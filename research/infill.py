@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """Infill and prompt continuation with known tokens (docs/model.md §Conditioning):
-the sentences for bench/infill_eval.cpp (ldlm_infill_eval) and the report of its results.
+the sentences for research/infill_eval.cpp (ldlm_infill_eval) and the report of its results.
 
-  python3 bench/infill.py sentences --data build/train-data --out build/infill/sentences.tsv
+  PYTHONPATH=tools python3 -m research.infill sentences --data build/train-data --out build/infill/sentences.tsv
   cmake --build build/default --target ldlm_infill_eval
-  build/default/bench/ldlm_infill_eval --sentences build/infill/sentences.tsv --output build/infill/raw.json
-  python3 bench/infill.py render build/infill/raw.json --out bench/results/infill-amd-epyc-zen5
-  /usr/bin/python3 bench/infill.py bigram build/infill/raw.json --data build/train-data --out bench/results/infill-bigram
+  build/default/research/ldlm_infill_eval --sentences build/infill/sentences.tsv --output build/infill/raw.json
+  PYTHONPATH=tools python3 -m research.infill render build/infill/raw.json --out research/results/infill-amd-epyc-zen5
+  PYTHONPATH=tools /usr/bin/python3 -m research.infill bigram build/infill/raw.json --data build/train-data --out research/results/infill-bigram
 
 `sentences` writes the candidates, "source<TAB>key<TAB>text" per line: of each held-out
-document of tools/train/prepare_data.py's corpus (build/train-data/docs.jsonl), its first
+document of research/train/prepare_data.py's corpus (build/train-data/docs.jsonl), its first
 sentence that is plain ASCII prose of 6 to 40 words ending in . ! or ?; each source's in the
 order of FNV-1a-64(source, key) (prepare_data.py's hash), then every line of
-tools/train/modern_english.txt in file order. ldlm_infill_eval tokenizes them and keeps the
+research/train/modern_english.txt in file order. ldlm_infill_eval tokenizes them and keeps the
 first --per-source of each source that fit.
 
 `bigram` scores the one-word task with a bigram model of the training stream (a reference
@@ -20,7 +20,7 @@ point for exact recovery: what the corpus's word statistics alone give), to <out
 
 `render` writes <out>.md and <out>.json (the figures, without the per-sentence fills): exact
 recovery of the masked tokens, the dictionary-word share of the fills (the model card's
-measure, tools/train/dictionary.py), consistency of the known positions, cost in denoiser
+measure, research/train/dictionary.py), consistency of the known positions, cost in denoiser
 calls and time.
 """
 import argparse
@@ -31,10 +31,9 @@ import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tools", "train"))
-from dictionary import dictionary_share, is_whole_word, load_dictionary  # noqa: E402
+from .train.dictionary import dictionary_share, is_whole_word, load_dictionary
 
-MODERN = os.path.join(HERE, "..", "tools", "train", "modern_english.txt")
+MODERN = os.path.join(HERE, "train", "modern_english.txt")
 TASKS = ["word", "span3", "span8"]
 TASK_NAMES = {"word": "one word", "span3": "3 tokens", "span8": "8 tokens"}
 
@@ -54,7 +53,7 @@ def is_plain_sentence(s):
 
 
 def write_sentences(data_dir, out_path):
-    from prepare_data import fnv1a64  # noqa: E402 (imports the training stack; only needed here)
+    from .train.prepare_data import fnv1a64  # imports the training stack; only needed here
 
     per_source = {}
     with open(os.path.join(data_dir, "docs.jsonl"), encoding="utf-8") as f:
@@ -254,19 +253,19 @@ def render(raw_path, out):
              + (f", load average {meta['load_average_start']:.1f} at the start and {meta['load_average_end']:.1f} at "
                 "the end" if "load_average_start" in meta else "")
              + (")" if "cpu_seconds" in meta else "") + ".", "",
-             "Written by `bench/infill.py` from `ldlm_infill_eval` (bench/infill_eval.cpp); the method is "
+             "Written by `research/infill.py` from `ldlm_infill_eval` (research/infill_eval.cpp); the method is "
              "docs/model.md §Conditioning. Commands:", "", "```sh",
-             "/usr/bin/python3 tools/train/prepare_data.py   # the corpus, with its held-out split",
-             "python3 bench/infill.py sentences --data build/train-data --out build/infill/sentences.tsv",
+             "PYTHONPATH=tools /usr/bin/python3 -m research.train.prepare_data   # the corpus, with its held-out split",
+             "PYTHONPATH=tools python3 -m research.infill sentences --data build/train-data --out build/infill/sentences.tsv",
              "cmake --build build/default --target ldlm_infill_eval\n"
-             "build/default/bench/ldlm_infill_eval --sentences build/infill/sentences.tsv "
+             "build/default/research/ldlm_infill_eval --sentences build/infill/sentences.tsv "
              f"--output build/infill/raw.json --seeds {meta['seeds']} --grid-seeds {meta['grid_seeds']} --around "
              f"{meta['around']['method']},{meta['around']['fill']},{meta['around']['from_t']:g} --threads 1",
-             "python3 bench/infill.py render build/infill/raw.json --out bench/results/infill-amd-epyc-zen5",
+             "PYTHONPATH=tools python3 -m research.infill render build/infill/raw.json --out research/results/infill-amd-epyc-zen5",
              "```", "",
              "- **Sentences:** the held-out documents' sentences (plain ASCII, 6–40 words), "
              f"{meta['per_source']} per source in hash order, 9–64 GPT-2 tokens, and "
-             "tools/train/modern_english.txt.",
+             "research/train/modern_english.txt.",
              "- **Masks:** per sentence, one word after the first token (all of its tokens, its leading space "
              "included, letters only), a span of 3 and a span of 8 tokens on word boundaries; one task at a time.",
              "- **exact:** the fill's ids equal the original ids. **whole word:** the fill is a space and one word of "
@@ -407,7 +406,7 @@ def bigram_baseline(raw_path, data_dir, out):
     C(left, w) · C(w, right) / C(w) over the training stream's bigram counts (left only
     at the sentence's end). Words of several tokens count as misses."""
     import numpy as np
-    from common import decode, encode  # noqa: E402 (the training stack: torch and the reference tokenizer)
+    from .train.common import decode, encode  # the training stack: torch and the reference tokenizer
 
     with open(raw_path) as f:
         sentences = json.load(f)["sentences"]
@@ -445,14 +444,14 @@ def bigram_baseline(raw_path, data_dir, out):
     lines = [
         "# Infill reference point: a bigram model of the training stream",
         "",
-        f"The one-word task of `{os.path.basename(raw_path)}`'s {n} sentences (bench/infill.py; "
+        f"The one-word task of `{os.path.basename(raw_path)}`'s {n} sentences (research/infill.py; "
         f"{single} of the masked words are one GPT-2 token). Each masked word is filled with the one "
         "token w that maximises C(left, w) · C(w, right) / C(w), with the counts of the "
-        f"{stream.size:,} tokens of tools/train's training stream (the held-out sentences are not "
+        f"{stream.size:,} tokens of research/train's training stream (the held-out sentences are not "
         "in it); a word of several tokens is a miss. Written by:",
         "",
         "```sh",
-        f"/usr/bin/python3 bench/infill.py bigram {raw_path} --data {data_dir} --out {out}",
+        f"PYTHONPATH=tools /usr/bin/python3 -m research.infill bigram {raw_path} --data {data_dir} --out {out}",
         "```",
         "",
         "| | exact | whole word |",

@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """Build the demo model's corpus from Debian packages and tokenize it with GPT-2's BPE.
 
-    /usr/bin/python3 tools/train/prepare_data.py [--out build/train-data]
+    PYTHONPATH=tools /usr/bin/python3 -m research.train.prepare_data [--out build/train-data]
 
 Needs the Debian packages below (installed by name with apt-get) and
-`npm ci` run once in tools/train (tiktoken for the tokenizer).
+`npm ci` run once in research/train (tiktoken for the tokenizer).
 
 Sources, one document per unit; a unit is held out whole (never single tokens):
   fortunes, fortunes-min   one fortune cookie            /usr/share/games/fortunes
@@ -33,8 +33,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import DATA_DIR, SOURCES  # noqa: E402
+from .common import DATA_DIR, SOURCES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HELDOUT_PER_MILLE = 20  # 2% of the documents of every source
@@ -174,7 +173,7 @@ READERS = {"fortunes": fortunes, "bible": bible, "python_doc": python_doc, "word
 
 # ------------------------------------------------------------------------ tokenizer
 def tokenize(texts: list[str]) -> list[list[int]]:
-    """GPT-2 ids of every text via tiktoken (tools/train/tiktoken_gpt2.mjs)."""
+    """GPT-2 ids of every text via tiktoken (research/train/tiktoken_gpt2.mjs)."""
     if not os.path.isdir(os.path.join(HERE, "node_modules", "tiktoken")):
         sys.exit(f"prepare_data: tiktoken is not installed; run `npm ci` in {HERE}")
     payload = "".join(json.dumps(t) + "\n" for t in texts).encode("utf-8")

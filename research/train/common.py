@@ -19,14 +19,12 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(REPO, "tools", "reference"))
 # Default places of the corpus (prepare_data.py) and of a training run (train.py): under
 # build/, which git ignores, so nothing generated lands in the tracked tree.
 DATA_DIR = os.path.join(REPO, "build", "train-data")
 RUN_DIR = os.path.join(REPO, "build", "train-run")
-import ldlm_init  # noqa: E402
-import ldlm_torch as L  # noqa: E402
-import safetensors_io  # noqa: E402
+from reference import ldlm_init, safetensors_io  # noqa: E402  (tools/ on PYTHONPATH)
+from reference import ldlm_torch as L  # noqa: E402
 
 PAD_ID, MASK_ID = 50257, 50258
 
@@ -207,7 +205,7 @@ class TokenStream:
         def load(suffix, dtype):
             path = os.path.join(data_dir, f"{split}.{suffix}")
             if not os.path.exists(path):
-                sys.exit(f"{path} is missing: run tools/train/prepare_data.py --out {data_dir} first")
+                sys.exit(f"{path} is missing: run research/train/prepare_data.py --out {data_dir} first")
             return np.fromfile(path, dtype=dtype)
 
         self.tokens = torch.from_numpy(load("tokens.u16", np.uint16).astype(np.int64))
@@ -254,7 +252,7 @@ def load_model_file(path: str) -> tuple[L.LDLM, dict]:
     for key in ("ldlm.config", "ldlm.feature_model_init_seed"):
         if key not in meta:
             raise ValueError(f"{path}: __metadata__ has no '{key}' (found keys: {sorted(meta)}); "
-                             f"expected a file written by tools/train/export.py")
+                             f"expected a file written by research/train/export.py")
     cfg = config_from_json(meta["ldlm.config"])
     model = L.LDLM(cfg)
     regenerate_frozen(model, int(meta["ldlm.feature_model_init_seed"]))

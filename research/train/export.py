@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Write the trained modules of a training checkpoint as a self-describing safetensors file.
 
-    /usr/bin/python3 tools/train/export.py --checkpoint build/train-run/checkpoint.pt --out ldlm-demo.safetensors
+    PYTHONPATH=tools /usr/bin/python3 -m research.train.export --checkpoint build/train-run/checkpoint.pt --out ldlm-demo.safetensors
 
 The file holds encoder.*, latent_decoder.* (with the frozen mask_vector, kept F32 so it
 stays exactly the generator's row), token_decoder.* and denoiser.* (its EMA weights)
@@ -18,8 +18,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common as C  # noqa: E402
+from . import common as C
 
 
 def export(checkpoint: str, out: str, dtype: str = "bf16", allow_partial: bool = False) -> dict:

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Evaluate a demo-model file: reconstruction accuracy, generation samples, loss curves.
 
-    /usr/bin/python3 tools/train/evaluate.py --model ldlm-demo.safetensors --data build/train-data \
+    PYTHONPATH=tools /usr/bin/python3 -m research.train.evaluate --model ldlm-demo.safetensors --data build/train-data \
         --log build/train-run/log.jsonl --out build/train-run/eval
 
 Runs the reference PyTorch model (tools/reference/ldlm_torch.py) on the file's weights
@@ -13,7 +13,7 @@ Figures:
   heldout      reconstruction token accuracy (argmax over the full vocabulary) on every
                held-out document, each at its own length (documents > max_positions are
                cut into pieces), overall and per source; the autoencoder's perplexity there
-  modern       the same on tools/train/modern_english.txt, one sentence per sequence
+  modern       the same on research/train/modern_english.txt, one sentence per sequence
   generation   --samples texts of --length tokens from the sampler of ldlm (SDE, --steps
                steps), and the share of their words found in /usr/share/dict/words
                (Debian wamerican), next to the same share for held-out text and for
@@ -31,10 +31,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common as C  # noqa: E402
-from dictionary import DICT_PATH, dictionary_share  # noqa: E402
-from dictionary import load_dictionary as read_dictionary  # noqa: E402
+from . import common as C
+from .dictionary import DICT_PATH, dictionary_share
+from .dictionary import load_dictionary as read_dictionary
 
 
 @torch.no_grad()

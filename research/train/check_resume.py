@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Check that a training run stopped and resumed gives bit-identical weights.
 
-    /usr/bin/python3 tools/train/check_resume.py [--data build/train-data] [--threads 1]
+    PYTHONPATH=tools /usr/bin/python3 -m research.train.check_resume [--data build/train-data] [--threads 1]
 
 Trains a tiny schedule (autoencoder then denoiser, a few steps of a few tokens) twice in
 temporary directories: once straight through, once stopped inside phase 1 and again inside
@@ -18,9 +18,7 @@ import tempfile
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from common import DATA_DIR  # noqa: E402
+from .common import DATA_DIR, REPO
 
 
 def flatten(prefix, obj, out):
@@ -39,14 +37,16 @@ def main():
     ap.add_argument("--data", default=DATA_DIR, help="prepare_data.py's output (default: build/train-data)")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
-    flags = ["--data", a.data, "--threads", str(a.threads), "--ae-steps", "6", "--dn-steps", "6", "--tokens", "256",
+    flags = ["--data", os.path.abspath(a.data), "--threads", str(a.threads), "--ae-steps", "6", "--dn-steps", "6", "--tokens", "256",
              "--max-len", "32", "--warmup", "3", "--ckpt-every", "4", "--log-every", "2"]
     with tempfile.TemporaryDirectory() as tmp:
         straight, pieces = os.path.join(tmp, "straight"), os.path.join(tmp, "pieces")
-        run = [sys.executable, os.path.join(HERE, "train.py")]
-        subprocess.run(run + flags + ["--work", straight], check=True)
+        # The module runs from the repository root, which holds the research package.
+        run = [sys.executable, "-m", "research.train.train"]
+        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tools"))
+        subprocess.run(run + flags + ["--work", straight], check=True, cwd=REPO, env=env)
         for stop in (["--stop-at-step", "2"], ["--stop-at-step", "8"], []):
-            subprocess.run(run + flags + ["--work", pieces] + stop, check=True)
+            subprocess.run(run + flags + ["--work", pieces] + stop, check=True, cwd=REPO, env=env)
         sa, sb = (torch.load(os.path.join(d, "checkpoint.pt")) for d in (straight, pieces))
         fa, fb = {}, {}
         flatten("", sa, fa)

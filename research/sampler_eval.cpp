@@ -13,7 +13,7 @@
 // endpoint and the share of decoded token ids that agree with the reference's. Stochastic
 // samplers are compared the same way (they cannot converge to the ODE's sample; the
 // figure shows how far they stray) and their decoded texts are written for
-// bench/samplers.py, which adds the dictionary-word share and renders the report.
+// research/samplers.py, which adds the dictionary-word share and renders the report.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

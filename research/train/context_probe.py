@@ -2,7 +2,7 @@
 """How much a demo-model denoiser reads its context: its x̂0 error on held-out windows with
 their own context, with a context mixed across the batch, and with none.
 
-    /usr/bin/python3 tools/train/context_probe.py --model ldlm-demo.safetensors --data build/train-data
+    PYTHONPATH=tools /usr/bin/python3 -m research.train.context_probe --model ldlm-demo.safetensors --data build/train-data
 
 For each t, every window is noised once (x_t = α(t) z + σ(t) ε, z = encoder(features)) and
 the denoiser (self-conditioned on its own first call, as train.py validates it) predicts x̂0:
@@ -22,7 +22,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-import common as C
+from . import common as C
 
 
 def main():

@@ -6,7 +6,7 @@
 //                    [--seeds K] [--grid-seeds G] [--around METHOD,FILL,FROM_T] [--samplers a,b] [--resample R]
 //                    [--prompt-tokens P] [--prompt-length T] [--timing-rounds N] [--threads N]
 //
-// S.tsv (bench/infill.py sentences writes it): "source <TAB> key <TAB> text" per line, each
+// S.tsv (research/infill.py sentences writes it): "source <TAB> key <TAB> text" per line, each
 // source's candidates in a fixed order. The tool tokenizes them with ldlm's GPT-2 tokenizer and
 // keeps the first N of each source that fit: 9 to 64 tokens, a word to mask after the first
 // token, and spans of 3 and 8 tokens that start and end on word boundaries after the first
@@ -31,7 +31,7 @@
 //   timing         seconds per sampling step without a condition and with each method, the
 //                  runs alternating; the condition's hooks alone per step; the encoding of the
 //                  known latents per fill
-// Each row gives its fills' texts (bench/infill.py scores them with the dictionary), exact
+// Each row gives its fills' texts (research/infill.py scores them with the dictionary), exact
 // recovery per sentence, and how many known positions the decoded latents reproduce before the
 // known ids are restored (consistency).
 #include <algorithm>

@@ -1,6 +1,6 @@
 """The model card's dictionary-word share: the share of a text's words found in
-/usr/share/dict/words (Debian's wamerican). tools/train/evaluate.py,
-bench/samplers.py and bench/infill.py report it."""
+/usr/share/dict/words (Debian's wamerican). research/train/evaluate.py,
+research/samplers.py and research/infill.py report it."""
 from __future__ import annotations
 
 import os
@@ -27,7 +27,7 @@ def dictionary_share(texts: list[str], words: set[str]) -> float:
 
 
 def is_whole_word(fill: str, words: set[str]) -> bool:
-    """Whether `fill` is a space and one dictionary word, as a masked GPT-2 word is (bench/infill.py)."""
+    """Whether `fill` is a space and one dictionary word, as a masked GPT-2 word is (research/infill.py)."""
     m = re.fullmatch(" (" + WORD.pattern + ")", fill)
     return m is not None and in_dictionary(m.group(1), words)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Train the demo LDLM: the autoencoder, then the denoiser on its latents.
 
-    nice -n 10 /usr/bin/python3 tools/train/train.py --data build/train-data --work build/train-run --threads 2
+    PYTHONPATH=tools nice -n 10 /usr/bin/python3 -m research.train.train --data build/train-data --work build/train-run --threads 2
 
 Phase 1, steps [0, ae_steps): encoder + latent decoder + token decoder on reconstruction
 cross-entropy (sampled softmax: the batch's own ids plus --negatives uniform ids), with
@@ -30,8 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common as C  # noqa: E402
+from . import common as C
 
 # Flags that define the result; a resumed run must use the same values.
 RECIPE = ("init_from", "seed", "ae_steps", "dn_steps", "tokens", "min_len", "max_len", "ae_lr", "dn_lr", "warmup", "negatives",

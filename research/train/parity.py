@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Reference dumps of the shipped demo model, from the training code's own forward.
 
-    /usr/bin/python3 tools/train/parity.py --model tools/assets/ldlm-demo/ldlm-demo.safetensors \
+    PYTHONPATH=tools /usr/bin/python3 -m research.train.parity --model tools/assets/ldlm-demo/ldlm-demo.safetensors \
         --out tests/data/demo
 
 The model is loaded the way evaluate.py loads it (the reference modules of
@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common as C  # noqa: E402
-from safetensors_io import write_safetensors  # noqa: E402  (tools/reference, on the path via common)
+from reference.safetensors_io import write_safetensors
+
+from . import common as C
 
 SENTENCES = [
     "The river ran quietly past the old mill, and the children watched the boats go by.",
@@ -112,7 +111,7 @@ def main():
     write_safetensors(os.path.join(a.out, "reconstruct.tokens.safetensors"), chain_tokens(model, tokens),
                       dict(base_meta, case="demo/reconstruct", module="reconstruct"))
     with open(os.path.join(a.out, "heldout_text.json"), "w", encoding="utf-8") as f:
-        json.dump({"source": "held-out documents of prepare_data.py's split (tools/train/README.md)",
+        json.dump({"source": "held-out documents of prepare_data.py's split (research/train/README.md)",
                    "texts": heldout_texts(a.data, 32, 120)}, f, ensure_ascii=False, indent=1)
     sizes = sum(os.path.getsize(os.path.join(a.out, f)) for f in os.listdir(a.out))
     print(f"{a.out}: {len(os.listdir(a.out))} files, {sizes / 1e6:.2f} MB")

@@ -1,0 +1,1 @@
+"""Training the demo model; README.md in this directory is its model card."""
