@@ -48,17 +48,20 @@ const Command kServe{
      value_option("max-queue", "Q", &ServeOptions::max_queue, {1, 1 << 16},
                   "sampling requests waiting; more are answered 429"),
      value_option("max-length", "T", &ServeOptions::max_length, {1, 1 << 20},
-                  "token positions per sequence; default: the model's max_positions"),
+                  "token positions per sequence (prompt and suffix included);\ndefault: the model's max_positions"),
      value_option("timeout", "S", &ServeOptions::timeout, {0.0, 86400.0, true},
-                  "seconds from a request's arrival to its answer (else 504), and the drain at shutdown"),
+                  "seconds from a request's arrival to its answer (else 504);\nalso bounds the drain at shutdown"),
      value_option("max-body", "BYTES", &ServeOptions::max_body, {1, std::int64_t{1} << 30},
                   "the largest request body; larger is answered 413"),
      value_option("io-timeout", "S", &ServeOptions::io_timeout, {0.0, 3600.0, true},
-                  "seconds a client may take to send a request or receive data, and keep-alive idle time"),
+                  "seconds a client may take to send a request or to take an answer,\nand a kept-alive connection may stay idle"),
      value_option("http-threads", "N", &ServeOptions::http_threads, {1, 4096},
                   "connections served at once; default: --max-queue + --max-batch + 8"),
      kWeightsOption, kConfigOption, kTokenizerOption, kPrecisionOption, kThreadsOption},
-    kModelChoice};
+    "The model: without options, the built-in demo model (tools/train/README.md) with GPT-2's\n"
+    "tokenizer; --weights W serves the model of a file (--config C for a file without its\n"
+    "configuration, --tokenizer DIR for other tokenizer files). docs/server.md describes the\n"
+    "endpoints, the batching, the limits and running several instances.\n"};
 
 namespace detail {
 
