@@ -422,7 +422,7 @@ std::vector<std::string> TextModel::infill(std::string_view text, const TextOpti
 }
 
 std::vector<TextSamples> TextModel::sample_batch(std::span<const TextRequest> requests,
-                                                const TextOptions& options) const {
+                                                 const TextOptions& options) const {
   const Stopwatch clock;
   const std::string_view op = "TextModel::sample_batch";
   for (std::size_t i = 0; i < requests.size(); ++i)
@@ -441,9 +441,7 @@ std::vector<TextSamples> TextModel::sample_batch(std::span<const TextRequest> re
 
 TokenIds TextModel::tokenize(std::string_view text) const { return impl_->tokenizer.encode(text); }
 
-TokenIds TextModel::tokenize_masked(std::string_view text) const {
-  return encode_masked_text(impl_->tokenizer, text);
-}
+TokenIds TextModel::tokenize_masked(std::string_view text) const { return encode_masked_text(impl_->tokenizer, text); }
 
 std::string TextModel::detokenize(std::span<const std::int64_t> ids) const { return impl_->tokenizer.decode(ids); }
 

@@ -50,8 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       case 1:
       case 2: {
-        const GenerateRequest r = parse_generate(data[0] % 5 == 1 ? "/generate" : "/v1/completions", body, l,
-                                                 data[0] % 5 == 2);
+        const GenerateRequest r =
+            parse_generate(data[0] % 5 == 1 ? "/generate" : "/v1/completions", body, l, data[0] % 5 == 2);
         if (r.length < 1 || r.length > l.max_length) __builtin_trap();
         check_sampling(r.sampling, l);
         break;

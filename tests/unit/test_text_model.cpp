@@ -119,7 +119,8 @@ TEST(TextModel, SampleBatchGivesEachRequestItsSoloSamples) {
     ASSERT_EQ(got.size(), requests.size());
     for (std::size_t i = 0; i < requests.size(); ++i) {
       const std::vector<TokenIds> alone = demo().infill_ids(
-          requests[i].ids, {.batch = requests[i].n, .seed = requests[i].seed, .sampler = sampler, .steps = 5, .resample = 1});
+          requests[i].ids,
+          {.batch = requests[i].n, .seed = requests[i].seed, .sampler = sampler, .steps = 5, .resample = 1});
       EXPECT_EQ(got[i].ids, alone) << "request " << i << ", " << sampler;
       ASSERT_EQ(got[i].texts.size(), alone.size());
       for (std::size_t k = 0; k < alone.size(); ++k) EXPECT_EQ(got[i].texts[k], demo().detokenize(alone[k]));
@@ -129,11 +130,17 @@ TEST(TextModel, SampleBatchGivesEachRequestItsSoloSamples) {
   }
   EXPECT_THAT(error_of<InvalidArgument>([&] { demo().sample_batch(std::vector<TextRequest>{}); }),
               HasSubstr("TextModel::sample_batch: no request to sample"));
-  EXPECT_THAT(error_of<InvalidArgument>([&] { demo().sample_batch(std::vector<TextRequest>{{a, 1, 0}, {TokenIds(3, mask), 1, 0}}); }),
+  EXPECT_THAT(error_of<InvalidArgument>([&] {
+                demo().sample_batch(std::vector<TextRequest>{{a, 1, 0}, {TokenIds(3, mask), 1, 0}});
+              }),
               HasSubstr("requests[1] has 3 ids, requests[0] has"));
-  EXPECT_THAT(error_of<InvalidArgument>([&] { demo().sample_batch(std::vector<TextRequest>{{a, 0, 0}}); }),
+  EXPECT_THAT(error_of<InvalidArgument>([&] {
+                demo().sample_batch(std::vector<TextRequest>{{a, 0, 0}});
+              }),
               HasSubstr("requests[0].n must be in [1, 65536], got 0"));
-  EXPECT_THAT(error_of<InvalidArgument>([&] { demo().sample_batch(std::vector<TextRequest>{{TokenIds{1, 2}, 1, 0}}); }),
+  EXPECT_THAT(error_of<InvalidArgument>([&] {
+                demo().sample_batch(std::vector<TextRequest>{{TokenIds{1, 2}, 1, 0}});
+              }),
               HasSubstr("requests[0].ids has no <|mask|>"));
 }
 

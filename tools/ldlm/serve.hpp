@@ -54,7 +54,8 @@ const Command kServe{
      value_option("max-body", "BYTES", &ServeOptions::max_body, {1, std::int64_t{1} << 30},
                   "the largest request body; larger is answered 413"),
      value_option("io-timeout", "S", &ServeOptions::io_timeout, {0.0, 3600.0, true},
-                  "seconds a client may take to send a request or to take an answer,\nand a kept-alive connection may stay idle"),
+                  "seconds a client may take to send a request or to take an answer,\nand a kept-alive connection may "
+                  "stay idle"),
      value_option("http-threads", "N", &ServeOptions::http_threads, {1, 4096},
                   "connections served at once; default: --max-queue + --max-batch + 8"),
      kWeightsOption, kConfigOption, kTokenizerOption, kPrecisionOption, kThreadsOption},
@@ -167,8 +168,8 @@ int run_serve(const Args& args) {
     model.emplace(detail::open_text_model(model_options, tokenizer_options));
     const int max_positions = model->info().max_positions;
     if (o.max_length && *o.max_length > max_positions)
-      throw InvalidArgument("--max-length " + std::to_string(*o.max_length) + " is more than the model's max_positions " +
-                            std::to_string(max_positions));
+      throw InvalidArgument("--max-length " + std::to_string(*o.max_length) +
+                            " is more than the model's max_positions " + std::to_string(max_positions));
   } catch (const std::exception& e) {
     model.reset();
     load_error = e.what();

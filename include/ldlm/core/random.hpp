@@ -96,8 +96,7 @@ class GroupedNormalGenerator {
   explicit GroupedNormalGenerator(std::span<const NoiseGroup> groups) {
     if (groups.empty()) throw InvalidArgument("noise groups: at least one group is needed");
     for (const NoiseGroup& g : groups) {
-      if (g.rows < 1)
-        throw InvalidArgument("noise groups: a group must have >= 1 rows, got " + std::to_string(g.rows));
+      if (g.rows < 1) throw InvalidArgument("noise groups: a group must have >= 1 rows, got " + std::to_string(g.rows));
       rows_.push_back(g.rows);
       generators_.emplace_back(g.seed);
       total_rows_ += g.rows;

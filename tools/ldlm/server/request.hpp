@@ -123,7 +123,8 @@ class Body {
   }
 
   [[noreturn]] void wrong(const std::string& key, const std::string& expected, const nlohmann::json& found) const {
-    throw bad_request(endpoint_, "field '" + key + "' must be " + expected + ", got " + ldlm::detail::json_summary(found), key);
+    throw bad_request(endpoint_,
+                      "field '" + key + "' must be " + expected + ", got " + ldlm::detail::json_summary(found), key);
   }
 
   std::optional<std::int64_t> integer(const std::string& key, std::int64_t min, std::int64_t max,
@@ -147,7 +148,8 @@ class Body {
     const nlohmann::json* v = take(key);
     if (!v) return std::nullopt;
     if (v->is_number_unsigned()) return v->get<std::uint64_t>();
-    if (v->is_number_integer() && v->get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v->get<std::int64_t>());
+    if (v->is_number_integer() && v->get<std::int64_t>() >= 0)
+      return static_cast<std::uint64_t>(v->get<std::int64_t>());
     wrong(key, "an integer in [0, 2^64 - 1]", *v);
   }
 
@@ -216,8 +218,8 @@ class Body {
 
 inline SamplingFields read_sampling(Body& body, const RequestLimits& limits) {
   SamplingFields s;
-  s.n = static_cast<int>(body.integer("n", 1, limits.max_batch, "--max-batch " + std::to_string(limits.max_batch))
-                             .value_or(1));
+  s.n = static_cast<int>(
+      body.integer("n", 1, limits.max_batch, "--max-batch " + std::to_string(limits.max_batch)).value_or(1));
   s.seed = body.seed("seed").value_or(0);
   s.sampler = body.choice("sampler", limits.samplers);
   s.schedule = body.choice("schedule", limits.schedules);

@@ -45,9 +45,9 @@ class Service {
         scheduler_({options_.max_batch, options_.max_queue, options_.threads}, metrics_),
         files_(static_files()),
         started_(std::time(nullptr)) {
-    routes_ = {{"/health", {"GET"}},      {"/metrics", {"GET"}},    {"/v1/models", {"GET"}},
-               {"/infill", {"POST"}},     {"/generate", {"POST"}},  {"/v1/completions", {"POST"}},
-               {"/tokenize", {"POST"}},   {"/detokenize", {"POST"}}};
+    routes_ = {{"/health", {"GET"}},    {"/metrics", {"GET"}},    {"/v1/models", {"GET"}},
+               {"/infill", {"POST"}},   {"/generate", {"POST"}},  {"/v1/completions", {"POST"}},
+               {"/tokenize", {"POST"}}, {"/detokenize", {"POST"}}};
     for (const StaticFile& file : files_) routes_[file.path] = {"GET"};
   }
 
@@ -74,10 +74,9 @@ class Service {
     server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return;
       // Statuses that httplib sets itself: 413 past --max-body, 400 for a malformed request.
-      const ApiError error = res.status == 413 ? ApiError(413, "request_too_large",
-                                                          "the request body is larger than --max-body")
-                                               : ApiError(res.status, "http_error", "HTTP status " +
-                                                                                        std::to_string(res.status));
+      const ApiError error = res.status == 413
+                                 ? ApiError(413, "request_too_large", "the request body is larger than --max-body")
+                                 : ApiError(res.status, "http_error", "HTTP status " + std::to_string(res.status));
       res.set_content(error.body(), "application/json");
     });
     server.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
@@ -160,7 +159,7 @@ class Service {
     std::size_t prompt_tokens = 0;  // completions: the ids before the generated ones
     int length = 0;                 // completions: the generated ids
     std::int64_t known = 0, masked = 0;
-    std::string id;                 // completions: "cmpl-..."
+    std::string id;  // completions: "cmpl-..."
     std::int64_t created = 0;
   };
 
@@ -227,8 +226,7 @@ class Service {
       std::string allow;
       for (const std::string& m : methods) allow += (allow.empty() ? "" : ", ") + m;
       res.set_header("Allow", allow);
-      reply(res, ApiError(405, "method_not_allowed",
-                          req.method + " " + req.path + " is not allowed; use " + allow));
+      reply(res, ApiError(405, "method_not_allowed", req.method + " " + req.path + " is not allowed; use " + allow));
       return httplib::Server::HandlerResponse::Handled;
     }
     if (!options_.api_key.empty() && req.path != "/health" && !authorized(req)) {
@@ -282,9 +280,12 @@ class Service {
                                   {"total_tokens", shape.known + shape.masked * n}};
     const TextTimings& t = outcome.timings;
     const double total_ms = outcome.queue_ms + t.total_ms;
-    const nlohmann::json timings = {{"queue_ms", outcome.queue_ms},     {"sample_ms", t.sample_ms},
-                                    {"total_ms", total_ms},             {"steps", t.steps},
-                                    {"denoiser_calls", t.denoiser_calls}, {"batch_sequences", outcome.batch_sequences},
+    const nlohmann::json timings = {{"queue_ms", outcome.queue_ms},
+                                    {"sample_ms", t.sample_ms},
+                                    {"total_ms", total_ms},
+                                    {"steps", t.steps},
+                                    {"denoiser_calls", t.denoiser_calls},
+                                    {"batch_sequences", outcome.batch_sequences},
                                     {"batch_requests", outcome.batch_requests}};
     if (shape.kind == SamplingKind::completions) {
       nlohmann::json choices = nlohmann::json::array();
@@ -293,8 +294,9 @@ class Service {
                            {"index", i},
                            {"logprobs", nullptr},
                            {"finish_reason", "length"}});
-      return {{"id", shape.id},           {"object", "text_completion"}, {"created", shape.created},
-              {"model", options_.model_name}, {"choices", choices},        {"usage", usage},
+      return {{"id", shape.id},           {"object", "text_completion"},
+              {"created", shape.created}, {"model", options_.model_name},
+              {"choices", choices},       {"usage", usage},
               {"timings", timings}};
     }
     return {{"object", shape.kind == SamplingKind::infill ? "ldlm.infill" : "ldlm.generation"},
@@ -388,8 +390,8 @@ class Service {
       const int max_length = limits.max_length;
       if (static_cast<std::int64_t>(ids.size()) > max_length)
         throw bad_request(endpoint,
-                          "the request needs " + std::to_string(ids.size()) + " token positions, more than --max-length " +
-                              std::to_string(max_length),
+                          "the request needs " + std::to_string(ids.size()) +
+                              " token positions, more than --max-length " + std::to_string(max_length),
                           kind == SamplingKind::infill        ? "text"
                           : kind == SamplingKind::completions ? "max_tokens"
                                                               : "length");
@@ -397,8 +399,8 @@ class Service {
       shape.masked = std::count(ids.begin(), ids.end(), mask);
       shape.known = static_cast<std::int64_t>(ids.size()) - shape.masked;
 
-      BatchKey key{ids.size(),   fields.sampler, fields.schedule, fields.method,
-                   fields.precision, fields.steps, fields.resample};
+      BatchKey key{ids.size(),       fields.sampler, fields.schedule, fields.method,
+                   fields.precision, fields.steps,   fields.resample};
       auto job = std::make_shared<Job>(
           std::move(key), TextRequest{std::move(ids), fields.n, fields.seed},
           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout)));
@@ -443,8 +445,7 @@ class Service {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
-        std::string(kEventStreamType),
-        [this, &model, shape, job](std::size_t, httplib::DataSink& sink) {
+        std::string(kEventStreamType), [this, &model, shape, job](std::size_t, httplib::DataSink& sink) {
           const auto send = [&](const std::string& event) {
             if (sink.write(event.data(), event.size())) return true;
             job->abandon();

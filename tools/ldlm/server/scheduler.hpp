@@ -123,9 +123,9 @@ class Job {
 };
 
 struct SchedulerOptions {
-  int max_batch = 16;   // sequences per batch
-  int max_queue = 64;   // requests waiting
-  int threads = 0;      // of each batch's execution context; 0: every core
+  int max_batch = 16;  // sequences per batch
+  int max_queue = 64;  // requests waiting
+  int threads = 0;     // of each batch's execution context; 0: every core
 };
 
 class Scheduler {
@@ -147,9 +147,9 @@ class Scheduler {
       const std::lock_guard lock(mutex_);
       if (stopping_) throw ApiError(503, "unavailable", "the server is shutting down");
       if (queue_.size() >= static_cast<std::size_t>(options_.max_queue))
-        throw ApiError(429, "rate_limit_error",
-                       "the queue is full (--max-queue " + std::to_string(options_.max_queue) +
-                           " requests waiting); retry later");
+        throw ApiError(
+            429, "rate_limit_error",
+            "the queue is full (--max-queue " + std::to_string(options_.max_queue) + " requests waiting); retry later");
       queue_.push_back(std::move(job));
     }
     cv_.notify_all();
