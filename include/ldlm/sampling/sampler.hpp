@@ -39,6 +39,7 @@ struct SamplerOptions {
   TimeGridOptions grid;
   Endpoint endpoint = Endpoint::sample;
   HeunSelfCondition heun_self_condition = HeunSelfCondition::latest;
+  SelfCondition self_condition = SelfCondition::previous;
   std::uint64_t seed = 0;
   /// Empty: every sequence draws from `seed`. Otherwise consecutive groups of sequences
   /// (their rows adding up to the batch), each drawing from its own seed what it would
@@ -129,6 +130,7 @@ SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, 
   settings.kind = options.kind;
   settings.endpoint = options.endpoint;
   settings.heun_self_condition = options.heun_self_condition;
+  settings.self_condition = options.self_condition;
   settings.check_finite = ctx.check_finite;
   settings.progress = options.progress;
   SolverHooks<S> hooks;
