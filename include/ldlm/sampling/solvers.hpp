@@ -550,7 +550,8 @@ void renoise(const TangentSchedule& schedule, double t, double t_next, Index n, 
 /// Integrates n values of x from times.front() down to times.back() with the solver of
 /// `settings`, in place: x holds the start (N(0, I) at t = 1) and receives the result
 /// (`settings.endpoint`). `denoise(x, t, self_cond, x0)` writes x̂0(x, t) for n values;
-/// self_cond is the most recent x̂0 (zeros before the first call). Stochastic solvers
+/// self_cond is the most recent x̂0, or with SelfCondition::extrapolated the last two
+/// extrapolated to the call's time (zeros before the first call). Stochastic solvers
 /// draw their ξ from `rng`, n normals for each step but the last. Scratch comes from
 /// `arena`, inside a Scope of this call; nothing is allocated per step. `rng` is a
 /// NormalGenerator, or a GroupedNormalGenerator for a batch of independent requests.
