@@ -3,7 +3,8 @@
 //
 //   ldlm_sampler_eval [--weights W.safetensors | --init-seed S] [--length T] [--seeds K]
 //                     [--reference-steps N] [--calls 4,6,...] [--samplers a,b] [--grids a,b]
-//                     [--sigma-max R] [--rho P] [--threads N] --output results.json
+//                     [--sigma-max R] [--rho P] [--self-conditions previous,extrapolated]
+//                     [--threads N] --output results.json
 //
 // For each seed, the reference is the exact probability-flow ODE solved by dpmpp-2m on the
 // uniform grid with N and 2N steps; the tool reports how far the two agree, which bounds
@@ -50,7 +51,8 @@ struct Evaluator {
   Index T;
 
   Run run(std::uint64_t seed, SamplerKind kind, const TimeGridOptions& grid, int steps,
-          HeunSelfCondition heun = HeunSelfCondition::latest) const {
+          HeunSelfCondition heun = HeunSelfCondition::latest,
+          SelfCondition self_condition = SelfCondition::previous) const {
     const Config& c = model.config;
     const Index n = T * c.d_model;
     const TangentSchedule schedule = TangentSchedule::from_config(c);
@@ -74,6 +76,7 @@ struct Evaluator {
     settings.kind = kind;
     settings.endpoint = Endpoint::sample;
     settings.heun_self_condition = heun;
+    settings.self_condition = self_condition;
     const auto start = std::chrono::steady_clock::now();
     const SamplingStats stats =
         integrate<float>(denoise, settings, schedule, times, n, r.sample.data(), rng, ctx.arena(), hooks);
@@ -90,6 +93,15 @@ struct Evaluator {
     return {ids.data(), ids.data() + ids.size()};
   }
 };
+
+/// Every (a, b) of a × b.
+template <class A, class B>
+std::vector<std::pair<A, B>> pairs(const std::vector<A>& as, const std::vector<B>& bs) {
+  std::vector<std::pair<A, B>> out;
+  for (const A& a : as)
+    for (const B& b : bs) out.emplace_back(a, b);
+  return out;
+}
 
 double rmse(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;
@@ -114,7 +126,7 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr,
                  "usage: ldlm_sampler_eval (--weights W.safetensors | --init-seed S) --output R.json [--length T]\n"
                  "       [--seeds K] [--reference-steps N] [--calls 4,6,..] [--samplers a,b] [--grids a,b]\n"
-                 "       [--sigma-max R] [--rho P] [--threads N] [--tokenizer DIR]\n");
+                 "       [--sigma-max R] [--rho P] [--self-conditions a,b] [--threads N] [--tokenizer DIR]\n");
     return 2;
   }
   const Index T = std::stoll(arg(args, "length", "64"));
@@ -130,6 +142,13 @@ int main(int argc, char** argv) try {
   std::vector<TimeGrid> grids;
   for (const auto& name : split(arg(args, "grids", time_grid_names(","))))
     grids.push_back(find_time_grid(name).value());
+
+  std::vector<SelfCondition> self_conditions;
+  for (const auto& name : split(arg(args, "self-conditions", "previous"))) {
+    const auto* choice = detail::find_named(kSelfConditions, name);
+    if (!choice) throw InvalidArgument("ldlm_sampler_eval: --self-conditions: unknown '" + name + "'");
+    self_conditions.push_back(choice->value);
+  }
 
   std::optional<SafetensorsFile> file;
   Config config;
@@ -201,18 +220,21 @@ int main(int argc, char** argv) try {
         if (steps < 1 || steps * info.calls_per_step != nfe) continue;
         std::vector<HeunSelfCondition> heun_choices = {HeunSelfCondition::latest};
         if (kind == SamplerKind::heun) heun_choices.push_back(HeunSelfCondition::step_start);
-        for (const HeunSelfCondition heun : heun_choices) {
+        for (const auto& [heun, self_condition] : pairs(heun_choices, self_conditions)) {
+          const std::string_view self_condition_name =
+              detail::info_of(kSelfConditions, &NamedChoice<SelfCondition>::value, self_condition, "").name;
           nlohmann::json row = {{"sampler", info.name},
                                 {"grid", time_grid_info(grid_kind).name},
                                 {"calls", nfe},
                                 {"steps", steps},
-                                {"heun_self_condition", heun == HeunSelfCondition::latest ? "latest" : "step_start"}};
+                                {"heun_self_condition", heun == HeunSelfCondition::latest ? "latest" : "step_start"},
+                                {"self_condition", self_condition_name}};
           double sums[6] = {0, 0, 0, 0, 0, 0};
           double solver_seconds = 0, total_seconds = 0;
           std::vector<std::string> texts;
           std::vector<std::vector<std::int64_t>> distinct;
           for (int s = 0; s < seeds; ++s) {
-            const Run r = eval.run(s, kind, grid, steps, heun);
+            const Run r = eval.run(s, kind, grid, steps, heun, self_condition);
             const auto& ref = kind == SamplerKind::ode || kind == SamplerKind::sde ? euler_refs[s] : refs[s];
             const auto sample_ids = eval.tokens(r.sample), denoised_ids = eval.tokens(r.denoised);
             sums[0] += rmse(r.sample, ref.run.sample);
@@ -240,10 +262,10 @@ int main(int argc, char** argv) try {
           row["solver_share"] = solver_seconds / total_seconds;
           row["distinct_denoised"] = distinct.size();
           if (tokenizer) row["texts_denoised_sample"] = texts;
-          std::fprintf(stderr, "%-13s %-8s %4d calls: agreement %.3f (sample %.3f), rmse %.4f (sample %.4f)\n",
-                       std::string(info.name).c_str(), std::string(time_grid_info(grid_kind).name).c_str(), nfe,
-                       double(row["agreement_denoised"]), double(row["agreement_sample"]), double(row["rmse_denoised"]),
-                       double(row["rmse_sample"]));
+          std::fprintf(stderr, "%-13s %-8s %-12s %4d calls: agreement %.3f (sample %.3f), rmse %.4f (sample %.4f)\n",
+                       std::string(info.name).c_str(), std::string(time_grid_info(grid_kind).name).c_str(),
+                       std::string(self_condition_name).c_str(), nfe, double(row["agreement_denoised"]),
+                       double(row["agreement_sample"]), double(row["rmse_denoised"]), double(row["rmse_sample"]));
           out["runs"].push_back(row);
         }
       }

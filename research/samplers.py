@@ -15,6 +15,11 @@ import sys
 from .train.dictionary import dictionary_share, load_dictionary
 
 
+def self_condition(run):
+    # Results written before the option existed conditioned every call on the previous x̂0.
+    return run.get("self_condition", "previous")
+
+
 def plot(runs, path, title):
     import matplotlib
     matplotlib.use("Agg")
@@ -24,13 +29,13 @@ def plot(runs, path, title):
     lines = {}
     for r in runs:
         if r["heun_self_condition"] == "latest" and r["grid"] in ("uniform", "karras"):
-            lines.setdefault((r["sampler"], r["grid"]), []).append(r)
+            lines.setdefault((r["sampler"], r["grid"], self_condition(r)), []).append(r)
     samplers = sorted({k[0] for k in lines})
     colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(samplers)}
-    for (sampler, grid), rows in sorted(lines.items()):
+    for (sampler, grid, sc), rows in sorted(lines.items()):
         rows.sort(key=lambda r: r["calls"])
-        style = "--" if grid == "uniform" else "-"
-        label = f"{sampler} ({grid})"
+        style = ":" if sc == "extrapolated" else "--" if grid == "uniform" else "-"
+        label = f"{sampler} ({grid}" + (", self-cond extrapolated)" if sc == "extrapolated" else ")")
         for ax, value in zip(axes, [lambda r: r["rmse_sample"], lambda r: max(1 - r["agreement_sample"], 1e-3)]):
             ax.plot([r["calls"] for r in rows], [value(r) for r in rows], style, color=colors[sampler], marker="o",
                     ms=3, label=label)
@@ -81,16 +86,17 @@ def main():
     calls = sorted({r["calls"] for r in runs})
     keys = []
     for r in runs:
-        k = (r["sampler"], r["grid"], r["heun_self_condition"])
+        k = (r["sampler"], r["grid"], r["heun_self_condition"], self_condition(r))
         if k not in keys:
             keys.append(k)
-    by = {(r["sampler"], r["grid"], r["heun_self_condition"], r["calls"]): r for r in runs}
+    by = {(r["sampler"], r["grid"], r["heun_self_condition"], self_condition(r), r["calls"]): r for r in runs}
 
     def table(field, fmt):
         lines = ["| sampler | grid | " + " | ".join(str(c) for c in calls) + " |",
                  "|---|---|" + "---|" * len(calls)]
         for k in keys:
             name = k[0] + (" (self-cond: step start)" if k[2] == "step_start" else "")
+            name += " (self-cond: extrapolated)" if k[3] == "extrapolated" else ""
             cells = [fmt.format(by[k + (c,)][field]) if k + (c,) in by else "" for c in calls]
             lines.append(f"| {name} | {k[1]} | " + " | ".join(cells) + " |")
         return lines

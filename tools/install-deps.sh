@@ -29,6 +29,8 @@ for arg in "$@"; do
     *) echo "install-deps.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
   esac
 done
+# `ldlm serve` (tools/ldlm/server): cpp-httplib, found through pkg-config.
+packages+=(libcpp-httplib-dev pkgconf)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -77,12 +77,16 @@ std::vector<Option> sampler_option_list() {
                     "endpoint",
                     "the result: sample, x at t_min (the last step's mean), or denoised, the last x0\n"
                     "prediction"),
+      choice_option("self-condition", ldlm::detail::joined_names(kSelfConditions, "|"), &SamplerOptions::self_condition,
+                    kSelfConditions, "self-condition",
+                    "the x0 each denoiser call is conditioned on: previous, the last step's, or\n"
+                    "extrapolated to the call's time from the last two steps'"),
       value_option("seed", "S", &SamplerOptions::seed, {},
                    "noise seed; the same seed and --threads give the same tokens"),
   };
 }
 
-/// --steps, --sampler, --schedule, --sigma-max, --rho, --endpoint and --seed.
+/// --steps, --sampler, --schedule, --sigma-max, --rho, --endpoint, --self-condition and --seed.
 SamplerOptions sampler_options(const Args& args) {
   SamplerOptions options = args.read<SamplerOptions>();
   options.grid = args.read(options.grid);

@@ -42,6 +42,7 @@ enum class SamplerKind {
   dpmpp_3m_sde,  // DPM-Solver++(3M) SDE, η = 1
   unipc,         // UniPC: the 2M predictor and the UniC corrector on the next call's x̂0
   unipc_3m,      // UniPC with a third-order predictor
+  ipndm,         // iPNDM: fourth-order Adams–Bashforth on x̂0, lower orders to start
 };
 
 struct SamplerInfo {
@@ -53,7 +54,7 @@ struct SamplerInfo {
   std::string_view summary;
 };
 
-inline constexpr std::array<SamplerInfo, 10> kSamplers{{
+inline constexpr std::array<SamplerInfo, 11> kSamplers{{
     {SamplerKind::sde, "sde", 1, 1, true, "Euler-Maruyama on the reverse SDE (clipped beta)"},
     {SamplerKind::ode, "ode", 1, 1, false, "Euler on the probability-flow ODE (clipped beta)"},
     {SamplerKind::ddim, "ddim", 1, 1, false, "exact first-order exponential integrator (DPM-Solver++ 1)"},
@@ -64,6 +65,7 @@ inline constexpr std::array<SamplerInfo, 10> kSamplers{{
     {SamplerKind::dpmpp_3m_sde, "dpmpp-3m-sde", 1, 3, true, "DPM-Solver++(3M) SDE, eta = 1"},
     {SamplerKind::unipc, "unipc", 1, 3, false, "UniPC: 2M predictor, UniC corrector (no extra call)"},
     {SamplerKind::unipc_3m, "unipc-3m", 1, 4, false, "UniPC: 3M predictor, UniC corrector (no extra call)"},
+    {SamplerKind::ipndm, "ipndm", 1, 4, false, "iPNDM: Adams-Bashforth 4 on x0, lower orders to start"},
 }};
 
 /// The sampler the library and `ldlm generate` use unless told otherwise, chosen by the
@@ -94,6 +96,18 @@ enum class HeunSelfCondition {
   latest,      // x̂0 of the step's first call, the most recent one
   step_start,  // the first call's own self-conditioning input
 };
+
+/// The self-conditioning input of each call but a resampled step's later attempts
+/// (docs/model.md §Self-conditioning in a solver).
+enum class SelfCondition {
+  previous,      // the most recent x̂0, the last step's: a lag of one step
+  extrapolated,  // the last two steps' x̂0's, extrapolated linearly in λ to the call's time
+};
+
+inline constexpr std::array<NamedChoice<SelfCondition>, 2> kSelfConditions{{
+    {SelfCondition::previous, "previous", "the last step's x0 (one step late)"},
+    {SelfCondition::extrapolated, "extrapolated", "the last two steps' x0, extrapolated in lambda to the call's time"},
+}};
 
 /// Where a sampling run has got to, after each step.
 struct SamplingProgress {
@@ -137,6 +151,7 @@ struct SolverSettings {
   SamplerKind kind = kDefaultSampler;
   Endpoint endpoint = Endpoint::sample;
   HeunSelfCondition heun_self_condition = HeunSelfCondition::latest;
+  SelfCondition self_condition = SelfCondition::previous;
   /// Throw NumericError when the denoiser returns a NaN or an infinity.
   bool check_finite = false;
   /// After every step; returning false cancels sampling (SamplingCancelled). May be empty.
@@ -303,17 +318,248 @@ void check_denoised_finite(const S* x0, Index n, int call, double t) {
                          std::to_string(i) + ") in call " + std::to_string(call) + ", at t = " + std::to_string(t));
 }
 
+/// The earlier x̂0's a solver reads beyond self-conditioning (which reads only the most
+/// recent one, kept for every solver).
+inline int history_depth(SamplerKind kind) {
+  switch (kind) {
+    case SamplerKind::dpmpp_3m:
+    case SamplerKind::dpmpp_3m_sde:
+    case SamplerKind::unipc_3m:
+      return 2;
+    case SamplerKind::ipndm:
+      return 3;
+    default:
+      return 1;
+  }
+}
+
+/// What a step function reads and writes. integrate's loop sets the step's fields before
+/// each step, and shifts the history after it; the scratch is allocated once.
+template <class S>
+struct SolverState {
+  SamplerKind kind;
+  Index n = 0;
+  S* x = nullptr;
+  // The step: from t to t_next, its exponential scalars, its first x̂0 d0 (with the
+  // self-conditioning input it was given) and its noise ξ (null when it has none).
+  double t = 0, t_next = 0;
+  bool last = false;
+  ExponentialStep e{};
+  const S* d0 = nullptr;
+  const S* self_cond = nullptr;
+  const S* xi = nullptr;
+  /// The step's most recent x̂0: d0, or what a step function's own call gave.
+  const S* denoised = nullptr;
+  /// A buffer no one holds, for a step function's own call.
+  S* spare = nullptr;
+  // The x̂0's of the steps before (history[0] the last) and those steps' h, ∞ when there
+  // was none or it started at t = 1.
+  std::array<const S*, 3> history{};
+  std::array<double, 3> h_history{std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity(),
+                                  std::numeric_limits<double>::infinity()};
+  // Heun's predicted x at t_next.
+  S* predictor = nullptr;
+  HeunSelfCondition heun_self_condition = HeunSelfCondition::latest;
+  // UniPC's corrector of x_{i+1}, but for the term in D_{i+1}: set by step i, applied by
+  // step i + 1 once its call has given D_{i+1}. Kept in double: it is a partial sum.
+  double* corrector_base = nullptr;
+  double corrector_weight = 0.0;
+  bool corrector_pending = false;
+
+  bool has_history(int k) const { return history[k] && std::isfinite(h_history[k]); }
+};
+
+template <class S>
+void ddim_step(SolverState<S>& s) {
+  const double cx = s.e.sigma_ratio, cd = s.e.alpha_next * -std::expm1(-s.e.h);
+  for (Index k = 0; k < s.n; ++k) s.x[k] = static_cast<S>(cx * double(s.x[k]) + cd * double(s.d0[k]));
+}
+
+template <class S>
+void dpmpp_2m_step(SolverState<S>& s) {
+  // x̂0 extrapolated linearly in λ to the step's midpoint: D + (D − D_prev)/(2r), r = h_prev/h.
+  const double cx = s.e.sigma_ratio, cd = s.e.alpha_next * -std::expm1(-s.e.h);
+  const S* previous = s.history[0];
+  const double w = s.has_history(0) ? 0.5 * s.e.h / s.h_history[0] : 0.0;
+  for (Index k = 0; k < s.n; ++k) {
+    const double d = double(s.d0[k]);
+    const double slope = w != 0.0 ? w * (d - double(previous[k])) : 0.0;
+    s.x[k] = static_cast<S>(cx * double(s.x[k]) + cd * (d + slope));
+  }
+}
+
+template <class S, class Call>
+void heun_step(SolverState<S>& s, const Call& call) {
+  const double cx = s.e.sigma_ratio, cd = s.e.alpha_next * -std::expm1(-s.e.h);
+  for (Index k = 0; k < s.n; ++k) s.predictor[k] = static_cast<S>(cx * double(s.x[k]) + cd * double(s.d0[k]));
+  S* d1 = s.spare;
+  call(s.predictor, s.t_next, s.heun_self_condition == HeunSelfCondition::latest ? s.d0 : s.self_cond, d1);
+  // Trapezoid in λ: x̂0 linear between D (at λ) and D' (at λ'); its weight on D' − D is
+  // α'·(1 − (1 − e^(−h))/h).
+  const double cslope = s.e.alpha_next * (1.0 - s.e.phi1_over_h());
+  for (Index k = 0; k < s.n; ++k) {
+    const double d = double(s.d0[k]);
+    s.x[k] = static_cast<S>(cx * double(s.x[k]) + cd * d + cslope * (double(d1[k]) - d));
+  }
+  s.denoised = d1;  // the corrector's x̂0 is the most recent
+}
+
+/// DPM-Solver++(3M), and the 2M and 3M SDEs.
+template <class S>
+void dpmpp_multistep(SolverState<S>& s) {
+  // With η = 1 for the SDEs and 0 for 3M, h_η = (1 + η) h:
+  // x' = (σ'/σ) e^(−ηh) x + α'(1 − e^(−h_η)) D + α'·(history terms) + σ' sqrt(1 − e^(−2ηh)) ξ.
+  const ExponentialStep& e = s.e;
+  const bool sde = sampler_info(s.kind).stochastic;
+  const double h_eta = sde ? 2.0 * e.h : e.h;
+  const double phi = -std::expm1(-h_eta), cd = e.alpha_next * phi;
+  const double cx = sde ? e.sigma_ratio * e.decay : e.sigma_ratio;
+  const double cnoise = sde ? e.sigma_next * std::sqrt(phi) : 0.0;
+  const bool one = s.has_history(0), two = one && history_depth(s.kind) >= 2 && s.has_history(1);
+  // 2M SDE (midpoint): α'·½(1 − e^(−2h))/r·(D − D_prev).
+  // 3M and 3M SDE: α'·(φ2·d1 − φ3·d2), φ2 = 1 − (1 − e^(−h_η))/h_η, φ3 = φ2/h_η − ½.
+  const double phi2 = std::isfinite(h_eta) ? 1.0 - phi / h_eta : 1.0;
+  const double phi3 = std::isfinite(h_eta) ? phi2 / h_eta - 0.5 : -0.5;
+  const double r0 = one ? s.h_history[0] / e.h : 0.0, r1 = two ? s.h_history[1] / e.h : 0.0;
+  const S *previous = s.history[0], *before_previous = s.history[1];
+  for (Index k = 0; k < s.n; ++k) {
+    const double d = double(s.d0[k]);
+    double next = cx * double(s.x[k]) + cd * d;
+    if (s.kind == SamplerKind::dpmpp_2m_sde) {
+      if (one) next += e.alpha_next * 0.5 * phi / r0 * (d - double(previous[k]));
+    } else if (two) {
+      const double p = double(previous[k]), q = double(before_previous[k]);
+      const double d1_0 = (d - p) / r0, d1_1 = (p - q) / r1;
+      const double first = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1), second = (d1_0 - d1_1) / (r0 + r1);
+      next += e.alpha_next * (phi2 * first - phi3 * second);
+    } else if (one) {
+      next += e.alpha_next * phi2 * (d - double(previous[k])) / r0;
+    }
+    if (s.xi) next += cnoise * double(s.xi[k]);
+    s.x[k] = static_cast<S>(next);
+  }
+}
+
+/// The Adams–Bashforth weights of iPNDM (Zhang & Chen 2023) on D_i, D_{i−1}, …, by how many
+/// earlier x̂0's there are: orders 1 to 4, the lower ones warming the method up.
+inline constexpr std::array<std::array<double, 4>, 4> kIpndmWeights{{
+    {1.0, 0.0, 0.0, 0.0},
+    {3.0 / 2, -1.0 / 2, 0.0, 0.0},
+    {23.0 / 12, -16.0 / 12, 5.0 / 12, 0.0},
+    {55.0 / 24, -59.0 / 24, 37.0 / 24, -9.0 / 24},
+}};
+
+/// iPNDM on the data prediction: ddim's exact step (Euler in ν = α/σ on x/σ, whose slope
+/// is x̂0: docs/model.md §Solvers) with x̂0 replaced by the Adams–Bashforth combination of
+/// this step's and up to three earlier x̂0's. The fixed weights assume equal steps in ν.
+template <class S>
+void ipndm_step(SolverState<S>& s) {
+  int earlier = 0;
+  while (earlier < 3 && s.history[earlier]) ++earlier;
+  const std::array<double, 4>& w = kIpndmWeights[earlier];
+  const double cx = s.e.sigma_ratio, cd = s.e.alpha_next * -std::expm1(-s.e.h);
+  for (Index k = 0; k < s.n; ++k) {
+    double d = w[0] * double(s.d0[k]);
+    for (int j = 0; j < earlier; ++j) d += w[j + 1] * double(s.history[j][k]);
+    s.x[k] = static_cast<S>(cx * double(s.x[k]) + cd * d);
+  }
+}
+
+/// UniPC's predictor; it leaves the corrector of x_{i+1} pending until the next call.
+template <class S>
+void unipc_step(SolverState<S>& s) {
+  const UniPCWeights w = UniPCWeights::between(s.e.h, s.h_history[0], s.h_history[1], history_depth(s.kind));
+  const double cx = s.e.sigma_ratio, c = s.e.alpha_next * -std::expm1(-s.e.h);
+  const double new_weight = w.corrector[w.history];
+  for (Index k = 0; k < s.n; ++k) {
+    const double d = double(s.d0[k]);
+    const double base = cx * double(s.x[k]) + c * d;
+    double predicted = 0.0, corrected = 0.0;
+    for (int j = 0; j < w.history; ++j) {
+      const double d1 = (double(s.history[j][k]) - d) / w.r[j];
+      predicted += w.predictor[j] * d1;
+      corrected += w.corrector[j] * d1;
+    }
+    s.x[k] = static_cast<S>(base + c * predicted);
+    if (!s.last) s.corrector_base[k] = base + c * (corrected - new_weight * d);
+  }
+  s.corrector_weight = c * new_weight;
+  s.corrector_pending = !s.last;  // the final x has no call after it to correct it with
+}
+
+/// x̂0 at the call's time λ_i, extrapolated linearly in λ from the last two steps'
+/// (at λ_{i−1} and λ_{i−2}) into `out`; false, and nothing written, until two finite steps
+/// have been taken (the x̂0 at t = 1 sits at λ = −∞).
+template <class S>
+bool extrapolate_self_condition(const SolverState<S>& s, S* out) {
+  if (!s.has_history(0) || !s.has_history(1)) return false;
+  const double w = s.h_history[0] / s.h_history[1];
+  for (Index k = 0; k < s.n; ++k) {
+    const double latest = double(s.history[0][k]);
+    out[k] = static_cast<S>(latest + w * (latest - double(s.history[1][k])));
+  }
+  return true;
+}
+
+/// UniC: x_i again, from the x̂0 just computed at the predicted x_i. The call itself is not
+/// repeated: D_i stays the x̂0 of the predicted point.
+template <class S>
+void unipc_correct(SolverState<S>& s, const SolverHooks<S>& hooks) {
+  for (Index k = 0; k < s.n; ++k) s.x[k] = static_cast<S>(s.corrector_base[k] + s.corrector_weight * double(s.d0[k]));
+  if (hooks.on_step) hooks.on_step(s.t, false, s.x);
+  s.corrector_pending = false;
+}
+
+/// One step of s.kind from s.t to s.t_next, in place on s.x.
+template <class S, class Call>
+void solver_step(SolverState<S>& s, const TangentSchedule& schedule, const Call& call) {
+  switch (s.kind) {
+    case SamplerKind::sde:
+    case SamplerKind::ode:
+      return euler_step<S>(s.kind, schedule, s.t, s.t_next, s.d0, s.xi, s.n, s.x);
+    case SamplerKind::ddim:
+      return ddim_step(s);
+    case SamplerKind::heun:
+      return heun_step(s, call);
+    case SamplerKind::dpmpp_2m:
+      return dpmpp_2m_step(s);
+    case SamplerKind::dpmpp_2m_sde:
+    case SamplerKind::dpmpp_3m:
+    case SamplerKind::dpmpp_3m_sde:
+      return dpmpp_multistep(s);
+    case SamplerKind::unipc:
+    case SamplerKind::unipc_3m:
+      return unipc_step(s);
+    case SamplerKind::ipndm:
+      return ipndm_step(s);
+  }
+}
+
+/// RePaint: back from t_next to t with fresh noise, x_t = (α/α') x' + sqrt(σ² − (α σ'/α')²) ξ.
+template <class S, class Noise>
+void renoise(const TangentSchedule& schedule, double t, double t_next, Index n, S* x, S* noise, Noise& rng) {
+  const double alpha = schedule.alpha(t), sigma = schedule.sigma(t);
+  const double scale = alpha / schedule.alpha(t_next), spread = scale * schedule.sigma(t_next);
+  const double noise_scale = std::sqrt(std::max(0.0, sigma * sigma - spread * spread));
+  rng.fill(noise, n);
+  for (Index k = 0; k < n; ++k) x[k] = static_cast<S>(scale * double(x[k]) + noise_scale * double(noise[k]));
+}
+
 }  // namespace detail
 
 /// Integrates n values of x from times.front() down to times.back() with the solver of
 /// `settings`, in place: x holds the start (N(0, I) at t = 1) and receives the result
 /// (`settings.endpoint`). `denoise(x, t, self_cond, x0)` writes x̂0(x, t) for n values;
-/// self_cond is the most recent x̂0 (zeros before the first call). Stochastic solvers
+/// self_cond is the most recent x̂0, or with SelfCondition::extrapolated the last two
+/// extrapolated to the call's time (zeros before the first call). Stochastic solvers
 /// draw their ξ from `rng`, n normals for each step but the last. Scratch comes from
-/// `arena`, inside a Scope of this call; nothing is allocated per step.
-template <class S, class Denoise>
+/// `arena`, inside a Scope of this call; nothing is allocated per step. `rng` is a
+/// NormalGenerator, or a GroupedNormalGenerator for a batch of independent requests.
+/// The loop is the same for every solver: calls, hooks, resampling, progress; each
+/// solver is one step function of detail::solver_step.
+template <class S, class Denoise, class Noise>
 SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const TangentSchedule& schedule,
-                        std::span<const double> times, Index n, S* x, NormalGenerator& rng, Arena& arena,
+                        std::span<const double> times, Index n, S* x, Noise& rng, Arena& arena,
                         const SolverHooks<S>& hooks = {}) {
   check_time_grid("sample", times);
   const SamplerInfo& info = sampler_info(settings.kind);
@@ -323,32 +569,34 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
   const int total_calls = denoiser_calls(settings, schedule, times);
 
   Arena::Scope scope(arena);
-  // x̂0 buffers: this step's, Heun's second call's, the last two steps' (the history of
-  // the multistep solvers; the most recent one is also the self-conditioning), and the
-  // two of a resampled step's previous attempt, which the next attempt conditions on.
-  std::array<S*, 6> buffers{};
-  for (S*& b : buffers) b = arena.allocate<S>(static_cast<std::size_t>(n));
-  S* zeros = arena.allocate<S>(static_cast<std::size_t>(n));
+  const auto allocate = [&](bool needed) {
+    return needed ? arena.allocate<S>(static_cast<std::size_t>(n)) : static_cast<S*>(nullptr);
+  };
+  // x̂0 buffers: this step's, a step function's own call's, the history (whose most recent
+  // one is also the self-conditioning), and the two of a resampled step's previous attempt,
+  // which the next attempt conditions on.
+  std::array<S*, 7> buffers{};
+  for (S*& b : buffers) b = allocate(true);
+  S* zeros = allocate(true);
   std::fill(zeros, zeros + n, S(0));
-  S* predictor = settings.kind == SamplerKind::heun ? arena.allocate<S>(static_cast<std::size_t>(n)) : nullptr;
-  S* noise = info.stochastic || settings.resample > 0 ? arena.allocate<S>(static_cast<std::size_t>(n)) : nullptr;
-  const bool unipc = settings.kind == SamplerKind::unipc || settings.kind == SamplerKind::unipc_3m;
-  // UniPC's corrector of x_{i+1}, but for the term in D_{i+1}: set by step i, applied by
-  // step i + 1 once its call has given D_{i+1}. Kept in double: it is a partial sum.
-  double* corrector_base = unipc ? arena.allocate<double>(static_cast<std::size_t>(n)) : nullptr;
-  double corrector_weight = 0.0;
-  bool corrector_pending = false;
-  const bool two_histories = settings.kind == SamplerKind::dpmpp_3m || settings.kind == SamplerKind::dpmpp_3m_sde ||
-                             settings.kind == SamplerKind::unipc_3m;
-  S* previous = nullptr;         // x̂0 of the last step
-  S* before_previous = nullptr;  // and of the one before (3M)
-  double h_previous = std::numeric_limits<double>::infinity(), h_before_previous = h_previous;
+  S* noise = allocate(info.stochastic || settings.resample > 0);
+  const bool extrapolate = settings.self_condition == SelfCondition::extrapolated;
+  S* extrapolated = allocate(extrapolate);
+  detail::SolverState<S> s;
+  s.kind = settings.kind;
+  s.n = n;
+  s.x = x;
+  s.heun_self_condition = settings.heun_self_condition;
+  s.predictor = allocate(settings.kind == SamplerKind::heun);
+  if (settings.kind == SamplerKind::unipc || settings.kind == SamplerKind::unipc_3m)
+    s.corrector_base = arena.allocate<double>(static_cast<std::size_t>(n));
+  const int depth = std::max(detail::history_depth(settings.kind), extrapolate ? 2 : 1);
   const auto unused_buffer = [&](std::initializer_list<const S*> also_taken) {
     for (S* b : buffers)
-      if (b != previous && b != before_previous &&
+      if (std::find(s.history.begin(), s.history.end(), b) == s.history.end() &&
           std::find(also_taken.begin(), also_taken.end(), b) == also_taken.end())
         return b;
-    return buffers[0];  // unreachable: six buffers, at most five taken
+    return buffers[0];  // unreachable: seven buffers, at most six taken
   };
 
   int calls = 0;
@@ -359,142 +607,45 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
     if (hooks.on_denoised) hooks.on_denoised(t, out);
   };
 
-  S* denoised = zeros;  // the final x̂0 of the last step
+  const S* denoised = zeros;  // the final x̂0 of the last step
   for (int i = 0; i < steps; ++i) {
-    const double t = times[i], t_next = times[i + 1];
-    const bool last = i + 1 == steps;
-    const int attempts = 1 + resampled_attempts(settings, schedule, t);
-    S* earlier_attempt = nullptr;  // the x̂0 of this step's previous attempt, if any
+    s.t = times[i];
+    s.t_next = times[i + 1];
+    s.last = i + 1 == steps;
+    s.e = ExponentialStep::between(schedule, s.t, s.t_next);
+    const int attempts = 1 + resampled_attempts(settings, schedule, s.t);
+    const S* earlier_attempt = nullptr;  // the x̂0 of this step's previous attempt, if any
     for (int attempt = 0; attempt < attempts; ++attempt) {
-      const S* self_cond = earlier_attempt ? earlier_attempt : previous ? previous : zeros;
+      s.self_cond = earlier_attempt                                                      ? earlier_attempt
+                    : extrapolate && detail::extrapolate_self_condition(s, extrapolated) ? extrapolated
+                    : s.history[0]                                                       ? s.history[0]
+                                                                                         : zeros;
       S* d0 = unused_buffer({earlier_attempt});
-      call(x, t, self_cond, d0);
-      denoised = d0;
-      if (corrector_pending) {
-        // UniC: x_i again, from the x̂0 that was just computed at the predicted x_i. The call
-        // itself is not repeated: D_i stays the x̂0 of the predicted point.
-        for (Index k = 0; k < n; ++k) x[k] = static_cast<S>(corrector_base[k] + corrector_weight * double(d0[k]));
-        if (hooks.on_step) hooks.on_step(t, false, x);
-        corrector_pending = false;
-      }
-      const S* xi = nullptr;
-      if (info.stochastic && !last) {
+      call(x, s.t, s.self_cond, d0);
+      s.d0 = s.denoised = d0;
+      s.spare = unused_buffer({d0, earlier_attempt});
+      if (s.corrector_pending) detail::unipc_correct(s, hooks);
+      s.xi = nullptr;
+      if (info.stochastic && !s.last) {
         rng.fill(noise, n);
-        xi = noise;
+        s.xi = noise;
       }
-      const ExponentialStep e = ExponentialStep::between(schedule, t, t_next);
-      switch (settings.kind) {
-        case SamplerKind::sde:
-        case SamplerKind::ode:
-          euler_step<S>(settings.kind, schedule, t, t_next, d0, xi, n, x);
-          break;
-        case SamplerKind::ddim: {
-          const double cx = e.sigma_ratio, cd = e.alpha_next * -std::expm1(-e.h);
-          for (Index k = 0; k < n; ++k) x[k] = static_cast<S>(cx * double(x[k]) + cd * double(d0[k]));
-          break;
-        }
-        case SamplerKind::dpmpp_2m: {
-          // x̂0 extrapolated linearly in λ to the step's midpoint: D + (D − D_prev)/(2r), r = h_prev/h.
-          const double cx = e.sigma_ratio, cd = e.alpha_next * -std::expm1(-e.h);
-          const double w = previous && std::isfinite(h_previous) ? 0.5 * e.h / h_previous : 0.0;
-          for (Index k = 0; k < n; ++k) {
-            const double d = double(d0[k]);
-            const double slope = w != 0.0 ? w * (d - double(previous[k])) : 0.0;
-            x[k] = static_cast<S>(cx * double(x[k]) + cd * (d + slope));
-          }
-          break;
-        }
-        case SamplerKind::heun: {
-          const double cx = e.sigma_ratio, cd = e.alpha_next * -std::expm1(-e.h);
-          for (Index k = 0; k < n; ++k) predictor[k] = static_cast<S>(cx * double(x[k]) + cd * double(d0[k]));
-          S* d1 = unused_buffer({d0, earlier_attempt});
-          call(predictor, t_next, settings.heun_self_condition == HeunSelfCondition::latest ? d0 : self_cond, d1);
-          // Trapezoid in λ: x̂0 linear between D (at λ) and D' (at λ'); its weight on D' − D is
-          // α'·(1 − (1 − e^(−h))/h).
-          const double cslope = e.alpha_next * (1.0 - e.phi1_over_h());
-          for (Index k = 0; k < n; ++k) {
-            const double d = double(d0[k]);
-            x[k] = static_cast<S>(cx * double(x[k]) + cd * d + cslope * (double(d1[k]) - d));
-          }
-          denoised = d1;  // the corrector's x̂0 is the most recent
-          break;
-        }
-        case SamplerKind::dpmpp_3m:
-        case SamplerKind::dpmpp_2m_sde:
-        case SamplerKind::dpmpp_3m_sde: {
-          // With η = 1 for the SDEs and 0 for 3M, h_η = (1 + η) h:
-          // x' = (σ'/σ) e^(−ηh) x + α'(1 − e^(−h_η)) D + α'·(history terms) + σ' sqrt(1 − e^(−2ηh)) ξ.
-          const bool sde = info.stochastic;
-          const double h_eta = sde ? 2.0 * e.h : e.h;
-          const double phi = -std::expm1(-h_eta), cd = e.alpha_next * phi;
-          const double cx = sde ? e.sigma_ratio * e.decay : e.sigma_ratio;
-          const double cnoise = sde ? e.sigma_next * std::sqrt(phi) : 0.0;
-          const bool one = previous && std::isfinite(h_previous);
-          const bool two = two_histories && one && before_previous && std::isfinite(h_before_previous);
-          // 2M SDE (midpoint): α'·½(1 − e^(−2h))/r·(D − D_prev).
-          // 3M and 3M SDE: α'·(φ2·d1 − φ3·d2), φ2 = 1 − (1 − e^(−h_η))/h_η, φ3 = φ2/h_η − ½.
-          const double phi2 = std::isfinite(h_eta) ? 1.0 - phi / h_eta : 1.0;
-          const double phi3 = std::isfinite(h_eta) ? phi2 / h_eta - 0.5 : -0.5;
-          const double r0 = one ? h_previous / e.h : 0.0, r1 = two ? h_before_previous / e.h : 0.0;
-          for (Index k = 0; k < n; ++k) {
-            const double d = double(d0[k]);
-            double next = cx * double(x[k]) + cd * d;
-            if (settings.kind == SamplerKind::dpmpp_2m_sde) {
-              if (one) next += e.alpha_next * 0.5 * phi / r0 * (d - double(previous[k]));
-            } else if (two) {
-              const double p = double(previous[k]), q = double(before_previous[k]);
-              const double d1_0 = (d - p) / r0, d1_1 = (p - q) / r1;
-              const double first = d1_0 + (d1_0 - d1_1) * r0 / (r0 + r1), second = (d1_0 - d1_1) / (r0 + r1);
-              next += e.alpha_next * (phi2 * first - phi3 * second);
-            } else if (one) {
-              next += e.alpha_next * phi2 * (d - double(previous[k])) / r0;
-            }
-            if (xi) next += cnoise * double(xi[k]);
-            x[k] = static_cast<S>(next);
-          }
-          break;
-        }
-        case SamplerKind::unipc:
-        case SamplerKind::unipc_3m: {
-          const UniPCWeights w =
-              UniPCWeights::between(e.h, h_previous, h_before_previous, settings.kind == SamplerKind::unipc ? 1 : 2);
-          const double cx = e.sigma_ratio, c = e.alpha_next * -std::expm1(-e.h);
-          const std::array<const S*, 2> earlier{previous, before_previous};
-          const double new_weight = w.corrector[w.history];
-          for (Index k = 0; k < n; ++k) {
-            const double d = double(d0[k]);
-            const double base = cx * double(x[k]) + c * d;
-            double predicted = 0.0, corrected = 0.0;
-            for (int j = 0; j < w.history; ++j) {
-              const double d1 = (double(earlier[j][k]) - d) / w.r[j];
-              predicted += w.predictor[j] * d1;
-              corrected += w.corrector[j] * d1;
-            }
-            x[k] = static_cast<S>(base + c * predicted);
-            if (!last) corrector_base[k] = base + c * (corrected - new_weight * d);
-          }
-          corrector_weight = c * new_weight;
-          corrector_pending = !last;  // the final x has no call after it to correct it with
-          break;
-        }
-      }
-      if (hooks.on_step) hooks.on_step(t_next, last, x);
+      detail::solver_step(s, schedule, call);
+      denoised = s.denoised;
+      if (hooks.on_step) hooks.on_step(s.t_next, s.last, x);
       if (attempt + 1 < attempts) {
-        // RePaint: back to t with fresh noise, x_t = (α/α') x' + sqrt(σ² − (α σ'/α')²) ξ, and the
-        // step again from there; the multistep history stays that of the steps before.
-        const double alpha = schedule.alpha(t), sigma = schedule.sigma(t);
-        const double scale = alpha / schedule.alpha(t_next), spread = scale * schedule.sigma(t_next);
-        const double noise_scale = std::sqrt(std::max(0.0, sigma * sigma - spread * spread));
-        rng.fill(noise, n);
-        for (Index k = 0; k < n; ++k) x[k] = static_cast<S>(scale * double(x[k]) + noise_scale * double(noise[k]));
+        // The step again from x_t; the multistep history stays that of the steps before.
+        detail::renoise(schedule, s.t, s.t_next, n, x, noise, rng);
         earlier_attempt = denoised;
-        corrector_pending = false;  // the corrector was for the x' just discarded
+        s.corrector_pending = false;  // the corrector was for the x' just discarded
       }
     }
-    before_previous = two_histories ? previous : nullptr;
-    previous = denoised;
-    h_before_previous = h_previous;
-    h_previous = ExponentialStep::between(schedule, t, t_next).h;
+    for (int k = depth - 1; k > 0; --k) {
+      s.history[k] = s.history[k - 1];
+      s.h_history[k] = s.h_history[k - 1];
+    }
+    s.history[0] = denoised;
+    s.h_history[0] = s.e.h;
     if (settings.progress && !settings.progress({i + 1, steps, calls, total_calls}))
       throw SamplingCancelled("sample: cancelled by the progress callback after step " + std::to_string(i + 1) +
                               " of " + std::to_string(steps));
