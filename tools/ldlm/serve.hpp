@@ -89,7 +89,8 @@ int run_serve(const Args& args) {
   const ServeOptions o = args.read<ServeOptions>();
   const ModelOptions model_options = args.read<ModelOptions>();
   const TokenizerOptions tokenizer_options = args.read<TokenizerOptions>();
-  if (!model_options.weights && model_options.config) args.fail("--config needs --weights (the demo model has its own)");
+  if (!model_options.weights && model_options.config)
+    args.fail("--config needs --weights (the demo model has its own)");
   if (!model_options.weights && tokenizer_options.dir)
     args.fail("--tokenizer needs --weights (the demo model uses GPT-2's)");
 
@@ -162,8 +163,7 @@ int run_serve(const Args& args) {
     }
   });
   std::thread listener([&] {
-    if (!http.listen_after_bind() && !stopping)
-      std::fprintf(stderr, "ldlm serve: the listening socket failed\n");
+    if (!http.listen_after_bind() && !stopping) std::fprintf(stderr, "ldlm serve: the listening socket failed\n");
     listener_done = true;
     stopping = true;
   });
