@@ -1,4 +1,4 @@
-"""docs/python.md's "ten lines" run as written: the block is read from the document, so
+"""docs/python.md's "ten lines" run as written (and README.md shows the same block): the block is read from the document, so
 the document cannot drift from code that works."""
 import re
 import runpy
@@ -31,3 +31,10 @@ def test_the_ten_lines_run(tmp_path, monkeypatch, capsys):
     runpy.run_path(str(script), run_name="__main__")
     assert "max |ldlm - mine| =" in capsys.readouterr().out
     assert (tmp_path / "mine.safetensors").exists()
+
+
+def test_the_readme_shows_the_same_ten_lines():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"\n```python\n(.*?)\n```\n", readme, re.S)
+    assert blocks, "README.md: no ```python block (the ten lines of docs/python.md belong there)"
+    assert blocks[0] + "\n" == ten_lines(), "README.md's ```python block differs from docs/python.md's ten lines"
