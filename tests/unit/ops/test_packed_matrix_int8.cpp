@@ -188,11 +188,11 @@ TEST(PackedMatrixInt8, GeluMlpIntoAGatedResidualMatchesQuantizeDequantize) {
 
   auto dequantized_weight = [](const nn::Linear<float>& l) { return quantize_dequantize_rows(l.weight.matrix()); };
   Eigen::MatrixXd h = quantize_dequantize_rows(x) * dequantized_weight(plain.fc1).transpose();
-  h.rowwise() += plain.fc1.bias.vector().cast<double>().transpose();
+  h.rowwise() += plain.fc1.bias.vector().cast<double>();
   Matrix<float> h_float = h.cast<float>();
   gelu_tanh_inplace(h_float.data(), h_float.size());
   Eigen::MatrixXd y = quantize_dequantize_rows(h_float) * dequantized_weight(plain.fc2).transpose();
-  y.rowwise() += plain.fc2.bias.vector().cast<double>().transpose();
+  y.rowwise() += plain.fc2.bias.vector().cast<double>();
   Eigen::MatrixXd added(B * T, d);  // gate ⊙ y alone: the residual is exact on both sides
   for (Index r = 0; r < B * T; ++r) added.row(r) = gate.row(r / T).cast<double>().cwiseProduct(y.row(r));
   const Matrix<float> got_added = got - residual;
@@ -200,8 +200,8 @@ TEST(PackedMatrixInt8, GeluMlpIntoAGatedResidualMatchesQuantizeDequantize) {
 }
 
 // The whole denoiser of model_small in int8 against fp32 and bf16 on its committed
-// weights: the model-level error of quantization, stated as a tolerance of 5e-2 ·
-// max|x0 fp32| (measured 1e-2 on this model).
+// weights: the model-level error of quantization, stated as a tolerance of 2e-2 ·
+// max|x0 fp32| (measured 3.5e-3 on an AMD EPYC Zen 5).
 TEST(PackedMatrixInt8, SmallDenoiserStaysNearFp32) {
   if (!int8_available()) GTEST_SKIP() << int8_unavailable_reason();
   const Config& config = test::small_config();
@@ -227,7 +227,7 @@ TEST(PackedMatrixInt8, SmallDenoiserStaysNearFp32) {
   const Matrix<float> int8 = run(Precision::int8);
   const double scale = fp32.cwiseAbs().maxCoeff();
   const double worst = (int8 - fp32).cwiseAbs().maxCoeff() / scale;
-  EXPECT_LE(worst, 5e-2) << "max|int8 − fp32| / max|fp32|";
+  EXPECT_LE(worst, 2e-2) << "max|int8 − fp32| / max|fp32|";
   EXPECT_GT(worst, 1e-5) << "int8 gave fp32's values: its products did not run in int8";
   std::cout << "[ info ] small denoiser, max|int8 - fp32| / max|fp32| = " << worst << "\n";
 }
