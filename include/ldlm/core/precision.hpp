@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -84,6 +85,19 @@ namespace detail {
 /// x · inverse_scale rounded to the nearest integer (ties to even) in [-127, 127].
 inline std::int8_t quantize_s8_value(float x, float inverse_scale) {
   return static_cast<std::int8_t>(std::clamp(std::nearbyint(x * inverse_scale), -127.0f, 127.0f));
+}
+
+/// The running max|x| of quantize_s8, NaN once any value is NaN.
+inline float quantize_s8_largest(float largest, float x) {
+  return std::isnan(x) || std::isnan(largest) ? std::numeric_limits<float>::quiet_NaN()
+                                              : std::max(largest, std::fabs(x));
+}
+
+/// A row with a NaN or an infinity: zeros with a NaN scale, so that its products are
+/// NaN, as in fp32, rather than quietly finite.
+inline float quantize_s8_not_finite(std::int64_t n, std::int8_t* q) {
+  std::fill_n(q, n, std::int8_t(0));
+  return std::numeric_limits<float>::quiet_NaN();
 }
 
 /// x · scale, or x untouched when scale = 1: a multiply by 1 would flush a subnormal x
@@ -175,10 +189,15 @@ __attribute__((target("avx512f,avx512bw"))) inline float quantize_s8_avx512(cons
                                                                             std::int8_t* q) {
   const std::int64_t vectors = n - n % 16;
   __m512 largest = _mm512_setzero_ps();
-  for (std::int64_t i = 0; i < vectors; i += 16)
-    largest = _mm512_max_ps(largest, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
-  float m = _mm512_reduce_max_ps(largest);
-  for (std::int64_t i = vectors; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  __mmask16 unordered = 0;  // max_ps drops NaNs: they are looked for apart
+  for (std::int64_t i = 0; i < vectors; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    largest = _mm512_max_ps(largest, _mm512_abs_ps(v));
+  }
+  float m = unordered ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(largest);
+  for (std::int64_t i = vectors; i < n; ++i) m = quantize_s8_largest(m, x[i]);
+  if (!std::isfinite(m)) return quantize_s8_not_finite(n, q);
   const float inv = m > 0.0f ? 127.0f / m : 0.0f;
   const __m512 factor = _mm512_set1_ps(inv);
   for (std::int64_t i = 0; i < vectors; i += 16)
@@ -212,14 +231,15 @@ inline void bf16_to_float(const bf16* x, std::int64_t n, float* y) {
 
 /// Symmetric s8 quantization of n values with one scale: returns scale = max|x| / 127
 /// (1 for all zeros) and writes q[i] = round(x[i] · 127 / max|x|), so x[i] ≈ q[i] ·
-/// scale. int8 products quantize each weight's output channel and each activation
-/// row with it.
+/// scale. A NaN or an infinity among them gives zeros and a NaN scale. int8 products
+/// quantize each weight's output channel and each activation row with it.
 inline float quantize_s8(const float* x, std::int64_t n, std::int8_t* q) {
 #if defined(LDLM_HAVE_X86_KERNELS)
   if (cpu_features().avx512bw) return detail::quantize_s8_avx512(x, n, q);
 #endif
   float m = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  for (std::int64_t i = 0; i < n; ++i) m = detail::quantize_s8_largest(m, x[i]);
+  if (!std::isfinite(m)) return detail::quantize_s8_not_finite(n, q);
   const float inv = m > 0.0f ? 127.0f / m : 0.0f;
   for (std::int64_t i = 0; i < n; ++i) q[i] = detail::quantize_s8_value(x[i], inv);
   return m > 0.0f ? m / 127.0f : 1.0f;

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -146,6 +147,15 @@ TEST(PackedMatrixInt8, QuantizesRowsLikeTheScalarDefinition) {
     EXPECT_EQ(q[i], static_cast<std::int8_t>(std::nearbyint(x[i] * (127.0f / 13.5f)))) << "element " << i;
   std::vector<float> zeros(20, 0.0f);
   EXPECT_EQ(quantize_s8(zeros.data(), 20, q.data()), 1.0f);
+  // A NaN or an infinity, in the vector body or the tail, makes the scale NaN, so the
+  // row's products are NaN as in fp32.
+  for (const std::size_t at : {std::size_t(3), std::size_t(35)})
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      std::vector<float> y = x;
+      y[at] = bad;
+      EXPECT_TRUE(std::isnan(quantize_s8(y.data(), static_cast<std::int64_t>(y.size()), q.data())))
+          << bad << " at " << at;
+    }
 }
 
 TEST(PackedMatrixInt8, OnlyTheDenoiserBlocksLinearMapsAreQuantized) {
