@@ -271,6 +271,13 @@ void BM_denoiser_T(benchmark::State& state) {
   denoiser_case(state, state.range(0), static_cast<int>(state.range(1)), precision_arg(state, 2));
 }
 
+// The same in int8 (args T, threads): the blocks' Linear maps on int8 kernels, the rest
+// as bf16 (ldlm::Precision::int8). Left out where int8 is refused (no VNNI or AMX-INT8).
+void BM_denoiser_int8_T(benchmark::State& state) {
+  if (const std::string why = ldlm::int8_unavailable_reason(); !why.empty()) return state.SkipWithError(why.c_str());
+  denoiser_case(state, state.range(0), static_cast<int>(state.range(1)), ldlm::Precision::int8);
+}
+
 // Perceiver layer: latent attention (12·T·d² + 8·T²·d) + FFN 2·T·d·4d·2 (16·T·d²).
 double perceiver_layer_flops(double T) {
   return linear_flops(kB * T, kD, kD) + 2 * linear_flops(kB * T, kD, 2 * kD) + linear_flops(kB * T, kD, kD) +
@@ -350,6 +357,12 @@ BENCHMARK(BM_denoiser_T)
     ->Name("denoiser_T")
     ->ArgNames({"T", "threads", "bf16"})
     ->ArgsProduct({{128, 256, 512, 1024}, {1, 2}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_denoiser_int8_T)
+    ->Name("denoiser_int8_T")
+    ->ArgNames({"T", "threads"})
+    ->ArgsProduct({{128, 256, 512, 1024}, {1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_latent_encoder)->Name("latent_encoder")->Apply(per_thread_count_and_precision);

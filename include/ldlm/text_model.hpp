@@ -69,7 +69,7 @@ struct TextOptions {
   std::string sampler = {};    // the solver: "dpmpp-3m" (default), "unipc", "heun", ...
   int steps = 0;               // solver steps, 0..1048576; 0: the default (10)
   std::string schedule = {};   // the time grid: "karras" (default), "lambda", "uniform"
-  std::string precision = {};  // "fp32" or "bf16"; "": the precision the model was opened with
+  std::string precision = {};  // "fp32", "bf16" or "int8"; "": the precision the model was opened with
   int threads = 0;             // 0..1024; 0: every core
   std::string method = {};     // how given text enters the sampler: "x0" (default), "x", "both"
   int resample = 0;            // RePaint resampling per step, 0..1000
@@ -100,8 +100,9 @@ struct TextSamples {
 
 /// How a model is opened.
 struct TextModelOptions {
-  /// The precision of the matrix products, fp32 or bf16 (weights packed once, at load);
-  /// a call may ask for the other, which is then loaded on first use.
+  /// The precision of the matrix products, fp32, bf16 or int8 (weights packed once, at
+  /// load; int8 needs a CPU with VNNI or AMX-INT8); a call may ask for another, which is
+  /// then loaded on first use.
   std::string precision = "fp32";
   /// The path of a JSON configuration file (docs/checkpoints.md), for a weights file
   /// without a configuration in its metadata; "" otherwise.

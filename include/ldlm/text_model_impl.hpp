@@ -111,7 +111,7 @@ struct TextModel::Impl {
   double load_ms = 0;
 
   mutable std::mutex models_mutex;
-  mutable std::array<std::shared_ptr<const Model>, 2> models;  // by Precision
+  mutable std::array<std::shared_ptr<const Model>, 3> models;  // by Precision
   mutable detail::ContextPool contexts;
 
   Impl(std::function<SafetensorsFile()> open, std::optional<Config> given, Tokenizer tok, Precision p)
@@ -162,7 +162,8 @@ inline Precision text_precision(std::string_view op, const std::string& name, Pr
   if (name.empty()) return fallback;
   if (name == "fp32") return Precision::fp32;
   if (name == "bf16") return Precision::bf16;
-  throw InvalidArgument(std::string(op) + ": precision '" + name + "' is not one of: fp32, bf16");
+  if (name == "int8") return Precision::int8;
+  throw InvalidArgument(std::string(op) + ": precision '" + name + "' is not one of: fp32, bf16, int8");
 }
 
 }  // namespace detail

@@ -42,9 +42,10 @@ struct ModelOptions {
   std::optional<int> threads;  // all cores when not given
 };
 
-inline constexpr std::array<NamedChoice<Precision>, 2> kPrecisions{{
+inline constexpr std::array<NamedChoice<Precision>, 3> kPrecisions{{
     {Precision::fp32, "fp32", "float32 products"},
     {Precision::bf16, "bf16", "bf16 operands, fp32 accumulation"},
+    {Precision::int8, "int8", "denoiser blocks' Linear products in int8 (VNNI or AMX-INT8), the rest bf16"},
 }};
 
 const Option kConfigOption = text_option("config", "C.json", &ModelOptions::config,
@@ -54,9 +55,10 @@ const Option kThreadsOption = value_option("threads", "N", &ModelOptions::thread
 const Option kWeightsOption =
     text_option("weights", "W.safetensors", &ModelOptions::weights, "parameters under their full state-dict names");
 const Option kPrecisionOption =
-    choice_option("precision", "fp32|bf16", &ModelOptions::precision, kPrecisions, "precision",
+    choice_option("precision", "fp32|bf16|int8", &ModelOptions::precision, kPrecisions, "precision",
                   "precision of the matrix products; bf16 keeps norms, softmax and the residual\n"
-                  "stream in fp32 (docs/model.md §Precision)");
+                  "stream in fp32, int8 quantizes the denoiser blocks' Linear weights per output\n"
+                  "channel and their inputs per row (docs/model.md §Precision)");
 const Option kInitSeedOption =
     value_option("init-seed", "S", &ModelOptions::init_seed, {},
                  "generator weights of this seed instead of the built-in model (with --config: of that\n"

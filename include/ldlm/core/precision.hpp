@@ -11,9 +11,12 @@
 // CPUs without bf16 instructions run this mode (PackedMatrix::widened).
 #pragma once
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -23,15 +26,21 @@
 
 namespace ldlm {
 
-enum class Precision { fp32, bf16 };
+/// int8: the denoiser blocks' Linear products on s8 weights (one scale per output
+/// channel) and s8 activations (one scale per row), s32 sums; everything else as in
+/// bf16 (ops/packed_matrix.hpp, docs/model.md §Precision).
+enum class Precision { fp32, bf16, int8 };
 
-inline constexpr std::string_view precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
+inline constexpr std::string_view precision_name(Precision p) {
+  return p == Precision::bf16 ? "bf16" : p == Precision::int8 ? "int8" : "fp32";
+}
 
-/// "fp32" / "bf16" -> Precision; anything else is an InvalidArgument naming `where`.
+/// "fp32" / "bf16" / "int8" -> Precision; anything else is an InvalidArgument naming `where`.
 inline Precision parse_precision(std::string_view s, std::string_view where = "precision") {
   if (s == "fp32") return Precision::fp32;
   if (s == "bf16") return Precision::bf16;
-  throw InvalidArgument(std::string(where) + ": expected 'fp32' or 'bf16', got '" + std::string(s) + "'");
+  if (s == "int8") return Precision::int8;
+  throw InvalidArgument(std::string(where) + ": expected 'fp32', 'bf16' or 'int8', got '" + std::string(s) + "'");
 }
 
 /// A bfloat16 value as its 16 bits: the top half of an IEEE binary32.
@@ -73,6 +82,24 @@ inline float half_to_float(std::uint16_t h) {
 }
 
 namespace detail {
+/// x · inverse_scale rounded to the nearest integer (ties to even) in [-127, 127].
+inline std::int8_t quantize_s8_value(float x, float inverse_scale) {
+  return static_cast<std::int8_t>(std::clamp(std::nearbyint(x * inverse_scale), -127.0f, 127.0f));
+}
+
+/// The running max|x| of quantize_s8, NaN once any value is NaN.
+inline float quantize_s8_largest(float largest, float x) {
+  return std::isnan(x) || std::isnan(largest) ? std::numeric_limits<float>::quiet_NaN()
+                                              : std::max(largest, std::fabs(x));
+}
+
+/// A row with a NaN or an infinity: zeros with a NaN scale, so that its products are
+/// NaN, as in fp32, rather than quietly finite.
+inline float quantize_s8_not_finite(std::int64_t n, std::int8_t* q) {
+  std::fill_n(q, n, std::int8_t(0));
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
 /// x · scale, or x untouched when scale = 1: a multiply by 1 would flush a subnormal x
 /// under a caller's flush-to-zero mode.
 inline float scaled_value(float x, float scale) { return scale != 1.0f ? x * scale : x; }
@@ -132,8 +159,8 @@ LDLM_SIMD_KERNEL void round_to_bf16_simd(const float* x, std::int64_t n, float* 
 
 // Not inlined: inlined into a caller's loop, GCC 12 reloaded the permutation table of
 // UpperHalves16 on every pass (bench/bench_kernels.cpp's to_bf16 shows it).
-__attribute__((target("avx512f,avx512bw"), noinline)) inline void to_bf16_avx512(const float* x, std::int64_t n, bf16* y,
-                                                                       float scale) {
+__attribute__((target("avx512f,avx512bw"), noinline)) inline void to_bf16_avx512(const float* x, std::int64_t n,
+                                                                                 bf16* y, float scale) {
   to_bf16_simd<simd::F32x16>(x, n, y, scale);
 }
 __attribute__((target("avx512f"))) inline void round_to_bf16_avx512(const float* x, std::int64_t n, float* y,
@@ -154,6 +181,30 @@ __attribute__((target("avx2"))) inline void bf16_to_float_avx2(const bf16* x, st
     _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(
                                 _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))), 16)));
   for (; i < n; ++i) y[i] = bf16_to_float(x[i]);
+}
+
+/// quantize_s8 on AVX-512: the same arithmetic as quantize_s8_value in every lane (the
+/// conversion rounds to nearest even under the default rounding mode, as nearbyint).
+__attribute__((target("avx512f,avx512bw"))) inline float quantize_s8_avx512(const float* x, std::int64_t n,
+                                                                            std::int8_t* q) {
+  const std::int64_t vectors = n - n % 16;
+  __m512 largest = _mm512_setzero_ps();
+  __mmask16 unordered = 0;  // max_ps drops NaNs: they are looked for apart
+  for (std::int64_t i = 0; i < vectors; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    largest = _mm512_max_ps(largest, _mm512_abs_ps(v));
+  }
+  float m = unordered ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(largest);
+  for (std::int64_t i = vectors; i < n; ++i) m = quantize_s8_largest(m, x[i]);
+  if (!std::isfinite(m)) return quantize_s8_not_finite(n, q);
+  const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+  const __m512 factor = _mm512_set1_ps(inv);
+  for (std::int64_t i = 0; i < vectors; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), factor))));
+  for (std::int64_t i = vectors; i < n; ++i) q[i] = quantize_s8_value(x[i], inv);
+  return m > 0.0f ? m / 127.0f : 1.0f;
 }
 LDLM_INTRINSICS_END
 #endif
@@ -176,6 +227,22 @@ inline void bf16_to_float(const bf16* x, std::int64_t n, float* y) {
   if (cpu_features().avx2) return detail::bf16_to_float_avx2(x, n, y);
 #endif
   for (std::int64_t i = 0; i < n; ++i) y[i] = bf16_to_float(x[i]);
+}
+
+/// Symmetric s8 quantization of n values with one scale: returns scale = max|x| / 127
+/// (1 for all zeros) and writes q[i] = round(x[i] · 127 / max|x|), so x[i] ≈ q[i] ·
+/// scale. A NaN or an infinity among them gives zeros and a NaN scale. int8 products
+/// quantize each weight's output channel and each activation row with it.
+inline float quantize_s8(const float* x, std::int64_t n, std::int8_t* q) {
+#if defined(LDLM_HAVE_X86_KERNELS)
+  if (cpu_features().avx512bw) return detail::quantize_s8_avx512(x, n, q);
+#endif
+  float m = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) m = detail::quantize_s8_largest(m, x[i]);
+  if (!std::isfinite(m)) return detail::quantize_s8_not_finite(n, q);
+  const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) q[i] = detail::quantize_s8_value(x[i], inv);
+  return m > 0.0f ? m / 127.0f : 1.0f;
 }
 
 /// y[i] = round_to_bf16(x[i] · scale), as to_bf16; y may be x.

@@ -36,7 +36,12 @@ class Denoiser {
           norm2(c.d_model, c.layer_norm_eps),
           attn(denoiser_attention_config(c)),
           mlp(c.d_model, c.mlp_hidden()),
-          adaLN_modulation(c.d_model, 6 * c.d_model, true) {}
+          adaLN_modulation(c.d_model, 6 * c.d_model, true) {
+      // int8 quantizes these four maps, nearly all of the block's products; adaLN stays
+      // bf16 (docs/model.md §Precision).
+      for (nn::Linear<S>* linear : {&attn.attn_qkv, &attn.attn_out, &mlp.fc1, &mlp.fc2})
+        linear->weight.quantize_at_int8();
+    }
 
     template <class F>
     void visit(const std::string& prefix, F&& f) {

@@ -30,9 +30,10 @@ struct AttentionModuleConfig {
   AttentionOptions options;
 
   AttentionShape shape(Index batch, Index q_len, Index kv_len) const { return {batch, q_len, kv_len, heads, head_dim}; }
+  /// int8 projections come with bf16 attention: QKᵀ and P·V stay bf16 products.
   AttentionOptions kernel_options(Precision precision) const {
     AttentionOptions o = options;
-    o.precision = precision;
+    o.precision = precision == Precision::int8 ? Precision::bf16 : precision;
     return o;
   }
 };

@@ -34,20 +34,27 @@ class MatmulWeight : public Parameter<S> {
     Parameter<S>::allocate();
   }
 
+  /// Marks this weight as one that Precision::int8 quantizes (the denoiser blocks'
+  /// Linear maps); at int8 every other weight packs in bf16 (docs/model.md §Precision).
+  void quantize_at_int8() { quantize_at_int8_ = true; }
+  bool quantized_at_int8() const { return quantize_at_int8_; }
+
   /// Packs the loaded values for products in `precision`. A double model keeps its
-  /// values and computes in double; it has no bf16 mode.
+  /// values and computes in double; it has no bf16 or int8 mode.
   void pack(Precision precision) {
     if constexpr (std::is_same_v<S, float>) {
+      const Precision packed = precision == Precision::int8 && !quantize_at_int8_ ? Precision::bf16 : precision;
       packed_ =
-          std::make_shared<const PackedMatrix>(PackedMatrix::pack(std::as_const(*this).matrix(), layout_, precision));
+          std::make_shared<const PackedMatrix>(PackedMatrix::pack(std::as_const(*this).matrix(), layout_, packed));
       this->release();
-    } else if (precision == Precision::bf16) {
-      throw InvalidArgument("MatmulWeight::pack: bf16 precision needs a float model, this one computes in double");
+    } else if (precision != Precision::fp32) {
+      throw InvalidArgument("MatmulWeight::pack: " + std::string(precision_name(precision)) +
+                            " precision needs a float model, this one computes in double");
     }
   }
 
   WeightLayout layout() const { return layout_; }
-  /// The precision of this weight's products: fp32 until packed in bf16.
+  /// The precision of this weight's products: fp32 until packed.
   Precision precision() const { return packed_ ? packed_->precision() : Precision::fp32; }
   /// Null until packed.
   const PackedMatrix* packed() const { return packed_.get(); }
@@ -57,6 +64,7 @@ class MatmulWeight : public Parameter<S> {
 
  private:
   WeightLayout layout_ = WeightLayout::out_in;
+  bool quantize_at_int8_ = false;
   std::shared_ptr<const PackedMatrix> packed_;  // shared: copies of a module share one packing
 };
 

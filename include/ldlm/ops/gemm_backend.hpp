@@ -75,8 +75,43 @@ inline const std::string& packed_bf16_kernel() {
   }();
   return kernel;
 }
+
+/// The kernel oneDNN runs for a packed int8 weight (s8 rows times s8 weights, s32
+/// sums) in this process, asked once: "" without the oneDNN backend or without any
+/// int8 primitive.
+inline const std::string& packed_int8_kernel() {
+  static const std::string kernel = []() -> std::string {
+    if (gemm_backend() != GemmBackend::onednn) return "";
+    try {
+      return packed_matmul(packed_weight_desc(64, 64, memory::data_type::s8), 64, false).kernel;
+    } catch (const dnnl::error&) {
+      return "";
+    }
+  }();
+  return kernel;
+}
 }  // namespace detail::onednn
 #endif
+
+/// Why int8 products cannot run in this process, or "" when they can. They run only
+/// on oneDNN kernels with int8 dot-product instructions (AVX512_VNNI, AVX-VNNI,
+/// AMX-INT8): without them oneDNN's int8 kernels sum pairs of u8·s8 products in
+/// saturating 16-bit lanes, which clips large sums, and an emulated int8 path would
+/// be slower than bf16, the precision such a CPU should use instead.
+inline std::string int8_unavailable_reason() {
+#if defined(LDLM_HAVE_ONEDNN)
+  if (gemm_backend() != GemmBackend::onednn)
+    return "int8 products need the oneDNN backend; this process multiplies with " +
+           std::string(backend_name(gemm_backend()));
+  const std::string& kernel = detail::onednn::packed_int8_kernel();
+  if (kernel.find("vnni") != std::string::npos || kernel.find("amx") != std::string::npos) return "";
+  return "int8 products need int8 dot-product instructions (AVX512_VNNI, AVX-VNNI or AMX-INT8); oneDNN's int8 kernel "
+         "here is " +
+         (kernel.empty() ? std::string("none") : "'" + kernel + "'") + ": use --precision bf16";
+#else
+  return "int8 products need oneDNN (Debian: libdnnl-dev); this build of ldlm has none";
+#endif
+}
 
 /// Whether bf16 operands are multiplied by bf16 kernels (true) or rounded to bf16 and
 /// multiplied by fp32 kernels (false); both give bf16 products with fp32 sums.
@@ -113,6 +148,8 @@ enum class ProductPath {
   fp32_packed,   // fp32, reordered for oneDNN's fp32 kernels
   bf16_native,   // bf16, reordered for bf16 kernels: reads bf16 rows, writes bf16 activations, adds gated residuals
   bf16_widened,  // bf16 held in bf16, widened block by block for fp32 kernels on bf16-rounded operands
+  int8_native,   // s8 weights (a scale per output channel) reordered for oneDNN's int8 kernels; reads float
+                 // rows, quantized to s8 per row; s32 sums, scaled back with the bias in ldlm's epilogue
 };
 
 inline constexpr std::string_view product_path_name(ProductPath p) {
@@ -125,12 +162,21 @@ inline constexpr std::string_view product_path_name(ProductPath p) {
       return "bf16_native";
     case ProductPath::bf16_widened:
       return "bf16_widened";
+    case ProductPath::int8_native:
+      return "int8_native";
   }
   return "?";
 }
 
 /// The path of the products of an [n out, k in] weight in `precision`, in this process.
+/// int8 without int8 instructions is refused (int8_unavailable_reason), never run in
+/// another precision.
 inline ProductPath product_path(Precision precision, Index n, Index k) {
+  if (precision == Precision::int8) {
+    if (const std::string why = int8_unavailable_reason(); !why.empty())
+      throw InvalidArgument("precision int8: " + why);
+    return n == 0 || k == 0 ? ProductPath::eigen : ProductPath::int8_native;
+  }
   if (precision == Precision::bf16 && !bf16_operands_native()) return ProductPath::bf16_widened;
   // (No extent: oneDNN packs nothing, and Eigen's product of no terms writes zeros or the bias.)
   if (gemm_backend() != GemmBackend::onednn || n == 0 || k == 0) return ProductPath::eigen;

@@ -35,6 +35,9 @@ struct GemmPaths {
   std::string fp32_attention;
   std::string bf16_linear;  // kernel of packed bf16 weights ("... widened ..." without bf16 kernels)
   std::string bf16_attention;
+  /// kernel of int8 weights (the denoiser blocks' Linear maps; the rest of an int8 model
+  /// runs as bf16), or "unavailable: " and why int8 is refused here.
+  std::string int8_linear;
 };
 
 inline GemmPaths gemm_paths() {
@@ -43,6 +46,10 @@ inline GemmPaths gemm_paths() {
   const Matrix<float> w = Matrix<float>::Zero(64, 64);
   p.fp32_linear = PackedMatrix::pack(w, WeightLayout::out_in, Precision::fp32).kernel();
   p.bf16_linear = PackedMatrix::pack(w, WeightLayout::out_in, Precision::bf16).kernel();
+  const std::string int8_refusal = int8_unavailable_reason();
+  p.int8_linear = int8_refusal.empty() ? PackedMatrix::pack(w, WeightLayout::out_in, Precision::int8).kernel() +
+                                             " (s8 rows scaled per row, s8 weights per output channel, s32 sums)"
+                                       : "unavailable: " + int8_refusal;
   p.fp32_attention = p.bf16_attention = "eigen";
 #if defined(LDLM_HAVE_ONEDNN)
   if (gemm_backend() == GemmBackend::onednn) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/precision.hpp"
@@ -72,6 +73,9 @@ class PackedMatrix {
       case ProductPath::bf16_native:
         p.pack_onednn(w, layout);
         break;
+      case ProductPath::int8_native:
+        p.pack_int8(w, layout);
+        break;
       case ProductPath::eigen: {
         Matrix<float> values = w;
         if (layout == WeightLayout::out_in) values.transposeInPlace();  // Eigen multiplies by [K, N]
@@ -94,13 +98,19 @@ class PackedMatrix {
   RowForm input_form() const { return row_form(path_); }
   /// The implementation that multiplies, e.g. "brg:avx512_core_amx" or "eigen".
   const std::string& kernel() const { return kernel_; }
-  /// Bytes of the packed weight.
+  /// Bytes of the packed weight (with an int8 weight's scales).
   std::size_t bytes() const {
-    return plain_ ? static_cast<std::size_t>(plain_->size()) * sizeof(float) : storage_.size();
+    return plain_ ? static_cast<std::size_t>(plain_->size()) * sizeof(float)
+                  : storage_.size() + weight_scales_.size() * sizeof(float);
   }
+  /// An int8_native weight's scales, one per output channel (weight ≈ s8 value ·
+  /// scale); empty on every other path.
+  const std::vector<float>& weight_scales() const { return weight_scales_; }
 
   /// Scratch bytes multiply() needs for M rows.
   std::size_t scratch_bytes(Index M) const {
+    if (path_ == ProductPath::int8_native)  // s8 rows, their scales, and s32 sums as floats when y is strided
+      return int8_sums_offset(M) + static_cast<std::size_t>(M * n_) * sizeof(float);
     if (path_ == ProductPath::bf16_widened) {  // a chunk of rounded rows, and one widened block
       const auto rounded = static_cast<std::size_t>(std::min(M, kWidenedRows) * k_);
       const auto block = static_cast<std::size_t>(k_ * std::min(kWidenedBlock, n_));
@@ -154,6 +164,8 @@ class PackedMatrix {
     if constexpr (std::is_same_v<X, float>)
       if (path_ == ProductPath::bf16_widened)
         return product_widened(x, ldx, M, bias, n0, n0 + cols, y, out.stride, scratch);
+    if constexpr (std::is_same_v<X, float>)
+      if (path_ == ProductPath::int8_native) return product_int8(x, ldx, M, bias, y, out.stride, scratch);
     if (whole) return product_into(operand(x, ldx, M, scratch), M, bias, y, out.stride, scratch);
     product_columns(operand(x, ldx, M, scratch), M, bias, n0, cols, y, out.stride, scratch);
   }
@@ -207,6 +219,64 @@ class PackedMatrix {
 #else
     throw Error("PackedMatrix: path " + std::string(product_path_name(path_)) + " without oneDNN in this build");
 #endif
+  }
+
+  /// Quantizes w to s8, one scale per output channel (quantize_s8 over the channel's
+  /// K values), and reorders the s8 values for oneDNN's int8 kernels.
+  void pack_int8([[maybe_unused]] ConstMatRef<float> w, [[maybe_unused]] WeightLayout layout) {
+#if defined(LDLM_HAVE_ONEDNN)
+    namespace dd = detail::onednn;
+    std::vector<std::int8_t> quantized(static_cast<std::size_t>(n_ * k_));  // [N, K]: channel n's K values
+    std::vector<float> channel(static_cast<std::size_t>(k_));
+    weight_scales_.resize(static_cast<std::size_t>(n_));
+    for (Index n = 0; n < n_; ++n) {
+      for (Index k = 0; k < k_; ++k) channel[k] = layout == WeightLayout::out_in ? w(n, k) : w(k, n);
+      weight_scales_[n] = quantize_s8(channel.data(), k_, quantized.data() + n * k_);
+    }
+    desc_ = dd::packed_weight_desc(n_, k_, dd::memory::data_type::s8);
+    storage_ = Storage(desc_.get_size());
+    // As a [K, N] matrix, [N, K] row-major is column-major ("ba"). The reorder also
+    // writes the compensation oneDNN's s8 · s8 kernels keep after the values.
+    dd::memory plain({{k_, n_}, dd::memory::data_type::s8, dd::memory::format_tag::ba}, dd::engine(), quantized.data());
+    dd::memory packed(desc_, dd::engine(), storage_.data());
+    dd::SerialScope serial;
+    dnnl::reorder(plain, packed).execute(dd::stream(), plain, packed);
+    dd::stream().wait();
+    kernel_ = dd::packed_matmul(desc_, 1024, false).kernel;
+#else
+    throw Error("PackedMatrix: path " + std::string(product_path_name(path_)) + " without oneDNN in this build");
+#endif
+  }
+
+  /// product_int8's scratch: M · K s8 values, then M row scales, then (for a strided
+  /// y) the float sums, each part on a cache line.
+  static std::size_t cache_lines(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
+  std::size_t int8_scales_offset(Index M) const { return cache_lines(static_cast<std::size_t>(M * k_)); }
+  std::size_t int8_sums_offset(Index M) const {
+    return int8_scales_offset(M) + cache_lines(static_cast<std::size_t>(M) * sizeof(float));
+  }
+
+  /// y[M, N] (row stride ldy) = x · W (+ bias) on an int8_native weight: each row of x
+  /// quantized to s8 with its own scale, the s8 · s8 product summed in s32 by oneDNN
+  /// (written as floats), then each sum scaled by its row's and its channel's scales
+  /// and the bias added, in one pass over the row.
+  void product_int8(const float* x, Index ldx, Index M, const float* bias, float* y, Index ldy,
+                    std::byte* scratch) const {
+    std::int8_t* const quantized = reinterpret_cast<std::int8_t*>(scratch);
+    float* const row_scales = reinterpret_cast<float*>(scratch + int8_scales_offset(M));
+    float* const sums = ldy == n_ ? y : reinterpret_cast<float*>(scratch + int8_sums_offset(M));
+    for (Index r = 0; r < M; ++r) row_scales[r] = quantize_s8(x + r * ldx, k_, quantized + r * k_);
+    product_dense(quantized, M, nullptr, sums, Activation::none);
+    const float* const channel_scales = weight_scales_.data();
+    for (Index r = 0; r < M; ++r) {
+      const float row_scale = row_scales[r];
+      const float* const in = sums + r * n_;
+      float* const out = y + r * ldy;
+      if (bias)
+        for (Index n = 0; n < n_; ++n) out[n] = in[n] * (row_scale * channel_scales[n]) + bias[n];
+      else
+        for (Index n = 0; n < n_; ++n) out[n] = in[n] * (row_scale * channel_scales[n]);
+    }
   }
 
   /// Holds w in bf16, as consecutive dense [K, cols] blocks of kWidenedBlock columns
@@ -374,6 +444,7 @@ class PackedMatrix {
   std::string kernel_;
   std::shared_ptr<const Matrix<float>> plain_;  // [K, N]: the eigen backend
   Storage storage_;                             // oneDNN's layout, or bf16_widened's blocks
+  std::vector<float> weight_scales_;            // int8_native: one per output channel
 #if defined(LDLM_HAVE_ONEDNN)
   detail::onednn::memory::desc desc_;
 #endif

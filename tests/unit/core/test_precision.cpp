@@ -175,7 +175,7 @@ TEST(PrecisionBf16, PrecisionNames) {
   EXPECT_EQ(parse_precision("bf16"), Precision::bf16);
   EXPECT_EQ(parse_precision("fp32"), Precision::fp32);
   EXPECT_THAT(ldlm::test::error_of<InvalidArgument>([] { parse_precision("fp16", "--precision"); }),
-              HasSubstr("--precision: expected 'fp32' or 'bf16', got 'fp16'"));
+              HasSubstr("--precision: expected 'fp32', 'bf16' or 'int8', got 'fp16'"));
 }
 
 }  // namespace
