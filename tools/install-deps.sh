@@ -5,6 +5,8 @@
 #   bash tools/install-deps.sh --python   also PyTorch/NumPy/Matplotlib/OpenBLAS: for tools/convert.py
 #                                         and its tests, to regenerate tests/data, or to
 #                                         compare benchmarks
+#   bash tools/install-deps.sh --browser  also Chromium and its WebDriver: for the playground's test in a
+#                                         real browser (tests/browser), which is skipped without them
 #
 # Runs apt-get update once, and only when something is missing. Uses sudo when
 # not run as root. Works non-interactively (CI).
@@ -13,7 +15,7 @@ set -euo pipefail
 packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libpcre2-dev)
 
 usage() {
-  sed -n '2,10s/^# \{0,1\}//p' "$0"
+  sed -n '2,12s/^# \{0,1\}//p' "$0"
 }
 
 for arg in "$@"; do
@@ -21,6 +23,9 @@ for arg in "$@"; do
     # libopenblas0: without it python3-torch's BLAS is the reference libblas3, and
     # PyTorch fp32 runs 25x slower than at its best (bench/compare.py's baseline).
     --python) packages+=(python3 python3-torch python3-numpy python3-matplotlib libopenblas0) ;;
+    # A separate flag: Chromium is some 300 MB that only the playground's test needs, and
+    # tools/quickstart.sh installs the base list for a first build.
+    --browser) packages+=(python3 chromium chromium-driver) ;;
     -h|--help) usage; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
   esac
