@@ -13,6 +13,8 @@
 set -euo pipefail
 
 packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libpcre2-dev)
+# `ldlm serve`: cpp-httplib, found through pkg-config.
+packages+=(libcpp-httplib-dev pkgconf)
 
 usage() {
   sed -n '2,12s/^# \{0,1\}//p' "$0"

@@ -84,6 +84,20 @@ struct TextOptions {
   TextTimings* timings = nullptr;
 };
 
+/// One request of a batch (TextModel::sample_batch): `n` samples of `ids` (mask_id() at
+/// every position to sample), with the noise of `seed`.
+struct TextRequest {
+  TokenIds ids = {};
+  int n = 1;
+  std::uint64_t seed = 0;
+};
+
+/// A request's samples, in the order of its seed's noise: the ids and their texts.
+struct TextSamples {
+  std::vector<TokenIds> ids = {};
+  std::vector<std::string> texts = {};
+};
+
 /// How a model is opened.
 struct TextModelOptions {
   /// The precision of the matrix products, fp32 or bf16 (weights packed once, at load);
@@ -137,8 +151,23 @@ class TextModel {
   std::vector<TokenIds> continue_ids(std::span<const std::int64_t> prompt, const TextOptions& options = {}) const;
   std::vector<TokenIds> infill_ids(std::span<const std::int64_t> ids, const TextOptions& options = {}) const;
 
+  /// Requests of one length T, sampled as one batch in one sampling loop with the
+  /// sampler settings of `options` (its length, batch, seed and suffix are the
+  /// requests' own and are not read). Each request's samples are those infill_ids(ids,
+  /// {.batch = n, .seed = seed, ...}) gives alone: each request draws its own noise
+  /// (SamplerOptions::noise_groups), and a sequence's denoiser result does not depend on
+  /// the other rows of the batch. on_step's spans hold every row, request i's at
+  /// [n_0 + ... + n_(i-1), ... + n_i); cancelling (on_step or cancel) cancels the whole
+  /// batch. Throws InvalidArgument naming the request for an empty list, lengths that
+  /// differ, ids without a mask id, or an n outside 1..65536 (or in total).
+  std::vector<TextSamples> sample_batch(std::span<const TextRequest> requests, const TextOptions& options = {}) const;
+
   /// The model's tokenizer (GPT-2's byte-level BPE, with pad and mask after its tokens).
   TokenIds tokenize(std::string_view text) const;
+  /// The ids that infill samples for `text`: each "<|mask|>" is one mask_id(), the text
+  /// around the markers is tokenized piece by piece (a space right before a marker
+  /// belongs to the masked token). Throws InvalidArgument for text that is not UTF-8.
+  TokenIds tokenize_masked(std::string_view text) const;
   std::string detokenize(std::span<const std::int64_t> ids) const;
 
   TextModelInfo info() const;

@@ -134,7 +134,15 @@ struct TextModel::Impl {
   /// B samples of `row` (the mask id at every position to sample), as ids, and as texts
   /// when `texts` is given.
   std::vector<TokenIds> run(std::string_view op, const TokenIds& row, const TextOptions& o, const Stopwatch& clock,
-                            std::vector<std::string>* texts) const;
+                            std::vector<std::string>* texts) const {
+    detail::check_field(op, "batch", o.batch, 1, detail::kMaxTextBatch);
+    const TextRequest request{row, o.batch, o.seed};
+    return run_requests(op, std::span(&request, 1), o, clock, texts);
+  }
+  /// Every request's n samples of its ids with its seed's noise, in one batch: the rows
+  /// of request after request, as ids, and as texts when `texts` is given.
+  std::vector<TokenIds> run_requests(std::string_view op, std::span<const TextRequest> requests, const TextOptions& o,
+                                     const Stopwatch& clock, std::vector<std::string>* texts) const;
 };
 
 TextModel::TextModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -240,10 +248,17 @@ TextModel TextModel::open(const std::string& weights, const std::string& tokeniz
   return TextModel(std::move(impl));
 }
 
-std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& row, const TextOptions& o,
-                                           const Stopwatch& clock, std::vector<std::string>* texts) const {
+std::vector<TokenIds> TextModel::Impl::run_requests(std::string_view op, std::span<const TextRequest> requests,
+                                                    const TextOptions& o, const Stopwatch& clock,
+                                                    std::vector<std::string>* texts) const {
   using detail::check_field;
-  check_field(op, "batch", o.batch, 1, detail::kMaxTextBatch);
+  if (requests.empty()) throw InvalidArgument(std::string(op) + ": no request to sample");
+  std::int64_t total_rows = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    check_field(op, "requests[" + std::to_string(i) + "].n", requests[i].n, 1, detail::kMaxTextBatch);
+    total_rows += requests[i].n;
+  }
+  check_field(op, "the requests' total n", total_rows, 1, detail::kMaxTextBatch);
   check_field(op, "steps", o.steps, 0, detail::kMaxTextSteps);
   check_field(op, "threads", o.threads, 0, detail::kMaxTextThreads);
   check_field(op, "resample", o.resample, 0, detail::kMaxTextResample);
@@ -252,7 +267,7 @@ std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& 
   sampler.grid.grid =
       detail::named_field(op, "schedule", o.schedule, sampler.grid.grid, find_time_grid, time_grid_names());
   if (o.steps > 0) sampler.steps = o.steps;
-  sampler.seed = o.seed;
+  for (const TextRequest& request : requests) sampler.noise_groups.push_back({request.n, request.seed});
   if (o.cancel) sampler.progress = [&o](const SamplingProgress&) { return !o.cancel(); };
   ConditionOptions condition;
   condition.method =
@@ -260,9 +275,17 @@ std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& 
   condition.resample = o.resample;
   const Precision p = detail::text_precision(op, o.precision, precision);
 
-  const Index B = o.batch, T = static_cast<Index>(row.size());
+  const Index B = static_cast<Index>(total_rows), T = static_cast<Index>(requests.front().ids.size());
   TokenTensor ids(B, T);
-  for (Index b = 0; b < B; ++b) std::copy(row.begin(), row.end(), ids.data() + b * T);
+  Index b = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const TokenIds& row = requests[i].ids;
+    if (static_cast<Index>(row.size()) != T)
+      throw InvalidArgument(std::string(op) + ": requests[" + std::to_string(i) + "] has " +
+                            std::to_string(row.size()) + " ids, requests[0] has " + std::to_string(T) +
+                            "; a batch's requests share one length");
+    for (int k = 0; k < requests[i].n; ++k, ++b) std::copy(row.begin(), row.end(), ids.data() + b * T);
+  }
   check_condition_ids(op, config, ids);
   check_sampling_arguments(op, config, B, T, sampler.steps);
 
@@ -309,7 +332,9 @@ std::vector<TokenIds> TextModel::Impl::run(std::string_view op, const TokenIds& 
     t.steps = stats.steps;
     t.denoiser_calls = stats.denoiser_calls;
     const std::int64_t mask = mask_id(config);
-    t.tokens = B * static_cast<std::int64_t>(std::count(row.begin(), row.end(), mask));
+    t.tokens = 0;
+    for (const TextRequest& r : requests)
+      t.tokens += r.n * static_cast<std::int64_t>(std::count(r.ids.begin(), r.ids.end(), mask));
   }
   return samples;
 }
@@ -396,7 +421,27 @@ std::vector<std::string> TextModel::infill(std::string_view text, const TextOpti
   return texts;
 }
 
+std::vector<TextSamples> TextModel::sample_batch(std::span<const TextRequest> requests,
+                                                 const TextOptions& options) const {
+  const Stopwatch clock;
+  const std::string_view op = "TextModel::sample_batch";
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    detail::require_mask(op, impl_->config, requests[i].ids, "requests[" + std::to_string(i) + "].ids");
+  std::vector<std::string> texts;
+  std::vector<TokenIds> ids = impl_->run_requests(op, requests, options, clock, &texts);
+  std::vector<TextSamples> out(requests.size());
+  std::size_t row = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    for (int k = 0; k < requests[i].n; ++k, ++row) {
+      out[i].ids.push_back(std::move(ids[row]));
+      out[i].texts.push_back(std::move(texts[row]));
+    }
+  return out;
+}
+
 TokenIds TextModel::tokenize(std::string_view text) const { return impl_->tokenizer.encode(text); }
+
+TokenIds TextModel::tokenize_masked(std::string_view text) const { return encode_masked_text(impl_->tokenizer, text); }
 
 std::string TextModel::detokenize(std::span<const std::int64_t> ids) const { return impl_->tokenizer.decode(ids); }
 

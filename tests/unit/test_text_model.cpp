@@ -97,6 +97,53 @@ TEST(TextModel, InfillKeepsEveryGivenToken) {
   }
 }
 
+// sample_batch: requests of one length run as one batch, each with the ids it gets
+// alone (infill_ids with its n and seed), on the threads of the machine; the preview sees
+// every row in request order. Bit for bit: each row's products do not depend on the batch.
+TEST(TextModel, SampleBatchGivesEachRequestItsSoloSamples) {
+  const int mask = demo().info().mask_id;
+  TokenIds a = demo().tokenize("The cat sat on the");
+  a.push_back(mask);
+  TokenIds b(a.size(), mask);
+  b[0] = demo().tokenize("Once")[0];
+  const std::vector<TextRequest> requests{{a, 2, 3}, {b, 1, 9}, {a, 1, 3}};
+  for (const std::string sampler : {"dpmpp-3m", "dpmpp-2m-sde"}) {
+    int previews = 0;
+    const std::vector<TextSamples> got = demo().sample_batch(
+        requests, {.sampler = sampler, .steps = 5, .resample = 1, .on_step = [&](const TextStep& s) {
+                     EXPECT_EQ(s.texts.size(), 4u);
+                     ++previews;
+                     return true;
+                   }});
+    EXPECT_EQ(previews, 5);
+    ASSERT_EQ(got.size(), requests.size());
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      const std::vector<TokenIds> alone = demo().infill_ids(
+          requests[i].ids,
+          {.batch = requests[i].n, .seed = requests[i].seed, .sampler = sampler, .steps = 5, .resample = 1});
+      EXPECT_EQ(got[i].ids, alone) << "request " << i << ", " << sampler;
+      ASSERT_EQ(got[i].texts.size(), alone.size());
+      for (std::size_t k = 0; k < alone.size(); ++k) EXPECT_EQ(got[i].texts[k], demo().detokenize(alone[k]));
+    }
+    // Request 2 repeats request 0's ids and seed: its sample is request 0's first.
+    EXPECT_EQ(got[2].ids[0], got[0].ids[0]);
+  }
+  EXPECT_THAT(error_of<InvalidArgument>([&] { demo().sample_batch(std::vector<TextRequest>{}); }),
+              HasSubstr("TextModel::sample_batch: no request to sample"));
+  EXPECT_THAT(error_of<InvalidArgument>([&] {
+                demo().sample_batch(std::vector<TextRequest>{{a, 1, 0}, {TokenIds(3, mask), 1, 0}});
+              }),
+              HasSubstr("requests[1] has 3 ids, requests[0] has"));
+  EXPECT_THAT(error_of<InvalidArgument>([&] {
+                demo().sample_batch(std::vector<TextRequest>{{a, 0, 0}});
+              }),
+              HasSubstr("requests[0].n must be in [1, 65536], got 0"));
+  EXPECT_THAT(error_of<InvalidArgument>([&] {
+                demo().sample_batch(std::vector<TextRequest>{{TokenIds{1, 2}, 1, 0}});
+              }),
+              HasSubstr("requests[0].ids has no <|mask|>"));
+}
+
 TEST(TextModel, PreviewSeesEveryStepAndCanCancel) {
   std::vector<int> steps;
   std::vector<double> times;

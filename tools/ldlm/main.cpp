@@ -1,6 +1,6 @@
 // The `ldlm` command line tool: parameter counts, single-module forward passes on
 // named safetensors inputs (docs/model.md §Module inputs and outputs), tensor comparison,
-// generation, infilling, reconstruction and GPT-2 tokenization. Errors print
+// generation, infilling, reconstruction, GPT-2 tokenization and an HTTP service. Errors print
 // "ldlm: error: ..." and exit with 2 (usage) or 1 (runtime: files, tensors,
 // configuration, numerics). Each subcommand is a header of this folder.
 #include "common.hpp"
@@ -11,6 +11,7 @@
 #include "info.hpp"
 #include "params.hpp"
 #include "reconstruct.hpp"
+#include "serve.hpp"
 #include "tokenize.hpp"
 
 namespace ldlm::cli {
@@ -25,7 +26,8 @@ const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> all = {
       {&kParams, run_params},     {&kForward, run_forward},       {&kCompare, run_compare},
       {&kGenerate, run_generate}, {&kInfill, run_infill},         {&kReconstruct, run_reconstruct},
-      {&kTokenize, run_tokenize}, {&kDetokenize, run_detokenize}, {&kInfo, run_info}};
+      {&kTokenize, run_tokenize}, {&kDetokenize, run_detokenize}, {&kInfo, run_info},
+      {&kServe, run_serve}};
   return all;
 }
 

@@ -1,12 +1,17 @@
 // Deterministic random numbers that do not depend on the standard library:
 // splitmix64, which the parameter generator (core/init.hpp) hashes with, and the
-// sampler's Gaussian noise (NormalGenerator).
+// sampler's Gaussian noise (NormalGenerator), and the noise of a batch that joins
+// independent requests (GroupedNormalGenerator).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <numbers>
+#include <span>
+#include <string>
+#include <vector>
 
+#include "ldlm/core/error.hpp"
 #include "ldlm/core/tensor.hpp"
 
 namespace ldlm {
@@ -70,6 +75,54 @@ class NormalGenerator {
   std::uint64_t state_[4];
   double spare_ = 0;
   bool has_spare_ = false;
+};
+
+/// A run of consecutive sequences of a batch that draws its noise from its own seed.
+struct NoiseGroup {
+  Index rows = 1;  // sequences
+  std::uint64_t seed = 0;
+};
+
+/// The noise of a batch made of groups of consecutive sequences, each with its own
+/// NormalGenerator: every fill of the whole batch gives each group the values its
+/// generator gives a fill of the group's rows alone, in the same order. So a request of
+/// n sequences at rows [r, r + n) of a batch draws exactly what it draws as a batch of
+/// n, at the start and at every later draw (stochastic solvers, RePaint). One group is
+/// NormalGenerator(seed) itself.
+class GroupedNormalGenerator {
+ public:
+  explicit GroupedNormalGenerator(std::uint64_t seed) : GroupedNormalGenerator(std::vector<NoiseGroup>{{1, seed}}) {}
+
+  explicit GroupedNormalGenerator(std::span<const NoiseGroup> groups) {
+    if (groups.empty()) throw InvalidArgument("noise groups: at least one group is needed");
+    for (const NoiseGroup& g : groups) {
+      if (g.rows < 1) throw InvalidArgument("noise groups: a group must have >= 1 rows, got " + std::to_string(g.rows));
+      rows_.push_back(g.rows);
+      generators_.emplace_back(g.seed);
+      total_rows_ += g.rows;
+    }
+  }
+
+  Index rows() const { return total_rows_; }
+
+  /// n values over every group's rows, which all hold n / rows() values.
+  template <class S>
+  void fill(S* out, Index n) {
+    if (n % total_rows_ != 0)
+      throw InvalidArgument("noise groups: " + std::to_string(n) + " values do not split into " +
+                            std::to_string(total_rows_) + " equal rows");
+    const Index per_row = n / total_rows_;
+    for (std::size_t g = 0; g < generators_.size(); ++g) {
+      const Index count = rows_[g] * per_row;
+      generators_[g].fill(out, count);
+      out += count;
+    }
+  }
+
+ private:
+  std::vector<Index> rows_;
+  std::vector<NormalGenerator> generators_;
+  Index total_rows_ = 0;
 };
 
 }  // namespace ldlm

@@ -40,6 +40,10 @@ struct SamplerOptions {
   Endpoint endpoint = Endpoint::sample;
   HeunSelfCondition heun_self_condition = HeunSelfCondition::latest;
   std::uint64_t seed = 0;
+  /// Empty: every sequence draws from `seed`. Otherwise consecutive groups of sequences
+  /// (their rows adding up to the batch), each drawing from its own seed what it would
+  /// draw alone (GroupedNormalGenerator); `seed` is then unused.
+  std::vector<NoiseGroup> noise_groups;
   /// Called after every step. Returning false cancels sampling: the sampler throws
   /// SamplingCancelled. May be empty.
   std::function<bool(const SamplingProgress&)> progress;
@@ -113,7 +117,13 @@ SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, 
   S* x = arena.allocate<S>(n);
   const DenoiserCall<S> denoise(ctx, denoiser, B, T);
 
-  NormalGenerator rng(options.seed);
+  Index grouped_rows = 0;
+  for (const NoiseGroup& g : options.noise_groups) grouped_rows += g.rows;
+  if (!options.noise_groups.empty() && grouped_rows != B)
+    throw InvalidArgument("sample: the noise groups cover " + std::to_string(grouped_rows) +
+                          " sequences, the batch has B = " + std::to_string(B));
+  GroupedNormalGenerator rng = options.noise_groups.empty() ? GroupedNormalGenerator(options.seed)
+                                                            : GroupedNormalGenerator(options.noise_groups);
   rng.fill(x, n);
   SolverSettings settings;
   settings.kind = options.kind;

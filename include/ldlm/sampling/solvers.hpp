@@ -310,10 +310,11 @@ void check_denoised_finite(const S* x0, Index n, int call, double t) {
 /// (`settings.endpoint`). `denoise(x, t, self_cond, x0)` writes x̂0(x, t) for n values;
 /// self_cond is the most recent x̂0 (zeros before the first call). Stochastic solvers
 /// draw their ξ from `rng`, n normals for each step but the last. Scratch comes from
-/// `arena`, inside a Scope of this call; nothing is allocated per step.
-template <class S, class Denoise>
+/// `arena`, inside a Scope of this call; nothing is allocated per step. `rng` is a
+/// NormalGenerator, or a GroupedNormalGenerator for a batch of independent requests.
+template <class S, class Denoise, class Noise>
 SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const TangentSchedule& schedule,
-                        std::span<const double> times, Index n, S* x, NormalGenerator& rng, Arena& arena,
+                        std::span<const double> times, Index n, S* x, Noise& rng, Arena& arena,
                         const SolverHooks<S>& hooks = {}) {
   check_time_grid("sample", times);
   const SamplerInfo& info = sampler_info(settings.kind);

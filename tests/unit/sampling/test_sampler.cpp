@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ldlm/ldlm.hpp"
+#include "support/errors.hpp"
 #include "support/reference.hpp"
 
 // Counting operator new: only while g_count_allocations is set (inside the
@@ -142,6 +143,47 @@ TEST(Sampler, LatentsAreTheLastDeterministicMean) {
     self_cond = x0;
   }
   for (Index i = 0; i < n; ++i) ASSERT_EQ(z.data()[i], x.data()[i]) << "element " << i;
+}
+
+// Noise groups (SamplerOptions::noise_groups): a batch of two requests, of 1 and 2
+// sequences with their own seeds, gives each request the latents it gets alone, for a
+// deterministic solver, a stochastic one (ξ drawn every step) and RePaint's resampling
+// (fresh noise inside a step), with known tokens. One thread, so that the products split
+// alike; the rows of a product do not depend on the other rows, so the latents are equal
+// bit for bit.
+TEST(Sampler, NoiseGroupsGiveEachRequestItsSoloLatents) {
+  const Pipeline<float> pipeline(small_model());
+  Context ctx(1);
+  const Index T = 6;
+  const Config& c = small_model().config;
+  for (const SamplerKind kind : {SamplerKind::ode, SamplerKind::dpmpp_2m_sde}) {
+    for (const int resample : {0, 1}) {
+      SamplerOptions batch = options(0, kind, 4);
+      batch.noise_groups = {{1, 5}, {2, 8}};
+      ConditionOptions condition;
+      condition.resample = resample;
+      TokenTensor ids(3, T), first_ids(1, T), second_ids(2, T);
+      for (TokenTensor* t : {&ids, &first_ids, &second_ids}) {
+        t->setConstant(mask_id(c));
+        for (Index b = 0; b < t->dimension(0); ++b) (*t)(b, 0) = 7;
+      }
+      const Tensor3<float> together = pipeline.sample(ctx, ids, batch, condition);
+      const Tensor3<float> first = pipeline.sample(ctx, first_ids, options(5, kind, 4), condition);
+      const Tensor3<float> second = pipeline.sample(ctx, second_ids, options(8, kind, 4), condition);
+      const Index per_row = T * c.d_model;
+      EXPECT_TRUE(std::equal(first.data(), first.data() + per_row, together.data()))
+          << "request 0, solver " << static_cast<int>(kind) << ", resample " << resample;
+      EXPECT_TRUE(std::equal(second.data(), second.data() + 2 * per_row, together.data() + per_row))
+          << "request 1, solver " << static_cast<int>(kind) << ", resample " << resample;
+      // Planted bug: the batch drawn from one seed gives request 1 other latents.
+      const Tensor3<float> one_seed = pipeline.sample(ctx, ids, options(5, kind, 4), condition);
+      EXPECT_FALSE(std::equal(second.data(), second.data() + 2 * per_row, one_seed.data() + per_row));
+    }
+  }
+  SamplerOptions wrong = options(0);
+  wrong.noise_groups = {{1, 5}, {1, 8}};
+  EXPECT_THAT(test::error_of<InvalidArgument>([&] { pipeline.sample(ctx, 3, T, wrong); }),
+              HasSubstr("the noise groups cover 2 sequences, the batch has B = 3"));
 }
 
 TEST(Sampler, ProgressSeesEveryStepAndCanCancel) {
