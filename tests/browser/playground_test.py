@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The playground page of `ldlm serve` in a real browser.
 
-Starts `ldlm serve` on an ephemeral loopback port (with an API key), and Debian's
-headless Chromium through chromedriver, driven with the W3C WebDriver protocol over
-HTTP (urllib and json only). The page is used as a person would: the key entered, a
-text typed with two gaps (one typed, one from the Insert button), a sampler picked,
-Run clicked; the filled text must appear with the known words kept, after step-by-step
-updates. A prompt must be continued in the other mode. Then a text without a gap must show the server's 400 plainly, and Stop must
-end a long run and leave the page and the server usable.
+Starts `ldlm serve` on an ephemeral loopback port, and Debian's headless Chromium
+through chromedriver, driven with the W3C WebDriver protocol over HTTP (urllib and json
+only). The page is used as a person would: an API key entered (it must go out as a
+Bearer header), a text typed with two gaps (one typed, one from the Insert button), a
+sampler picked, Run clicked; the filled text must appear with the known words kept,
+after step-by-step updates. A prompt must be continued in the other mode. Then a text
+without a gap must show the server's 400 plainly, and Stop must end a long run and
+leave the page and the server usable.
 
     playground_test.py --ldlm build/default/tools/ldlm [--screenshot docs/images/playground.png]
 
@@ -38,7 +39,7 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 SKIP = 77
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"  # the W3C key of an element reference
 API_KEY = "playground-test-key"
-STEPS = 8
+STEPS = 20
 SAMPLER = "unipc"
 # What the page's text becomes: typed pieces with a gap after each but the last.
 TYPED = ["The children played in the ", " after school, and then they ", " home."]
@@ -126,7 +127,7 @@ class Browser:
         self.base = driver_url
         options = {"binary": CHROMIUM,
                    "args": ["--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                            "--window-size=960,820", "--force-device-scale-factor=1"]}
+                            "--window-size=960,1180", "--force-device-scale-factor=1"]}
         value = self._call("POST", "/session", {"capabilities": {"alwaysMatch": {"goog:chromeOptions": options}}},
                            timeout=60)
         self.base += "/session/" + value["sessionId"]
@@ -204,13 +205,19 @@ def check_filled(text):
 
 def run_page(browser, url, screenshot):
     browser.go(url)
-    # Without the key, /v1/models is refused and the page says so.
-    state = browser.wait("const m = document.getElementById('model').textContent;"
-                         "return m.includes('401') && m;", "the page to report the missing API key", 30)
-    print(f"without the key: {state}")
-    browser.type("#api-key", API_KEY + "\ue004")  # Tab: the change event reloads the models
     browser.wait(f"return [...document.querySelectorAll('#sampler option')].some(o => o.value === '{SAMPLER}');",
                  f"#sampler to offer {SAMPLER} (from /v1/models)", 30)
+    print(f"model: {page_state(browser)['model']!r}")
+
+    # An API key entered is sent as a Bearer header (with --api-key the server protects the
+    # page too, so the page is loaded from a server without one and its requests are watched).
+    browser.script("""window.sent = []; const fetch = window.fetch;
+        window.fetch = (url, init) => { window.sent.push([String(url), (init && init.headers) || {}]); return fetch(url, init); };""")
+    browser.click("#key-field summary")
+    browser.type("#api-key", API_KEY + "\ue004")  # Tab: the change event reloads the models
+    sent = browser.wait("return window.sent.length && window.sent;", "the models reloaded with the key", 10)
+    if sent[0][0] != "v1/models" or sent[0][1].get("Authorization") != "Bearer " + API_KEY:
+        raise Failure(f"expected GET v1/models with 'Authorization: Bearer {API_KEY}', the page sent {sent}")
 
     # The text, typed around two gaps: the first marker typed, the second from the button.
     browser.clear("#text")
@@ -227,10 +234,10 @@ def run_page(browser, url, screenshot):
 
     # Every redraw of the output and the status, as the page makes it.
     browser.script("""window.seen = [];
-        new MutationObserver(() => window.seen.push({status: document.getElementById('status').textContent,
+        window.watcher = new MutationObserver(() => window.seen.push({status: document.getElementById('status').textContent,
                                                      output: document.getElementById('output').innerText,
                                                      gaps: document.querySelectorAll('#output mark.gap').length}))
-          .observe(document.querySelector('main'), {childList: true, subtree: true, characterData: true});""")
+        window.watcher.observe(document.querySelector('main'), {childList: true, subtree: true, characterData: true});""")
     started = time.monotonic()
     browser.click("#run")
     browser.wait("const s = document.getElementById('status').textContent, e = document.getElementById('error');"
@@ -249,18 +256,23 @@ def run_page(browser, url, screenshot):
         raise Failure(f"expected {len(TYPED) - 1} highlighted gaps, found {filled} in {state['output']!r}")
 
     # The steps as drawn: a status "Step k/N" with the step's text in #output, its gaps
-    # highlighted. Redraws within one task are seen once, so at least 2 of them, not all.
-    seen = browser.script("return window.seen;")
+    # highlighted. The page draws the first step at once, then at most 30 a second, so not
+    # every step; its list of every step holds each one.
+    seen = browser.script("window.watcher.disconnect(); return window.seen;")
     drawn = sorted({s["status"] for s in seen
                     if s["status"].startswith("Step ") and s["output"].strip() and s["gaps"] == len(TYPED) - 1})
-    history = browser.script("return document.querySelectorAll('#history-list li').length;")
-    print(f"redraws seen: {len(seen)}, steps drawn with their text: {drawn}, history entries: {history}")
-    if history != STEPS or len(drawn) < 2 or not any(s.startswith(f"Step {STEPS}/{STEPS}") for s in drawn):
-        raise Failure(f"expected {STEPS} step events, and at least 2 steps (the last one among them) drawn with "
-                      f"their text and {len(TYPED) - 1} highlighted gaps; saw {history} events and {drawn}")
+    history = browser.script("return [...document.querySelectorAll('#history-list li')].map(li => li.textContent);")
+    print(f"redraws seen: {len(seen)}, steps drawn with their text: {drawn}, steps listed: {len(history)}")
+    listed = [int(re.match(r"step (\d+)/", item).group(1)) if re.match(r"step \d+/", item) else None for item in history]
+    if listed != list(range(1, STEPS + 1)) or not any(s.startswith(f"Step 1/{STEPS},") for s in drawn):
+        raise Failure(f"expected steps 1..{STEPS} listed and step 1 drawn with its text and "
+                      f"{len(TYPED) - 1} highlighted gaps; listed {listed}, drawn {drawn}; every redraw: {seen}")
 
     if screenshot:
+        browser.click("#history summary")  # the steps' texts, for the picture
         image = browser.screenshot()
+        browser.click("#history summary")
+        os.makedirs(os.path.dirname(os.path.abspath(screenshot)), exist_ok=True)
         with open(screenshot, "wb") as out:
             out.write(image)
         print(f"screenshot: {screenshot}, {len(image)} bytes")
@@ -290,10 +302,18 @@ def run_page(browser, url, screenshot):
 
     # Stop: a long run is aborted after its first step; the page is ready again.
     set_value(browser, "#text", MASK.join(TYPED))
-    set_value(browser, "#steps", "100000")
+    # The most steps the server allows (max_steps of /v1/models, which the page puts on
+    # #steps): several seconds of the demo model.
+    long_steps = browser.script("return document.getElementById('steps').max;")
+    if not long_steps:
+        raise Failure("#steps has no maximum: the page did not take max_steps from /v1/models")
+    set_value(browser, "#steps", long_steps)
+    set_value(browser, "#n", "4")  # 4 samples: slower steps, time for the click on a loaded machine
     browser.click("#run")
-    browser.wait("return document.getElementById('status').textContent.startsWith('Step ');",
-                 "the long run's first step", 60)
+    browser.wait("return document.getElementById('status').textContent.startsWith('Step ') ||"
+                 "!document.getElementById('error').hidden;", "the long run's first step", 60)
+    if page_state(browser)["error"]:
+        raise Failure(f"the long run failed: {page_state(browser)}")
     browser.click("#stop")
     status = browser.wait("const s = document.getElementById('status').textContent;"
                           "return s.startsWith('Stopped') && !document.getElementById('run').disabled && s;",
@@ -315,8 +335,7 @@ def main():
     profile = tempfile.mkdtemp(prefix="ldlm-playground-")
     server = driver = browser = None
     try:
-        server = Process([args.ldlm, "serve", "--host", "127.0.0.1", "--port", "0", "--api-key", API_KEY],
-                         "ldlm serve")
+        server = Process([args.ldlm, "serve", "--host", "127.0.0.1", "--port", "0"], "ldlm serve")
         url = server.wait_for_line(r"(http://127\.0\.0\.1:\d+)", 120).group(1) + "/"
         for _ in deadline_loop(60, f"{url}health to answer 200"):
             try:

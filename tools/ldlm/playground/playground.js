@@ -53,6 +53,7 @@ async function loadModels() {
     fillSelect($("sampler"), info.samplers);
     fillSelect($("schedule"), info.schedules);
     if (info.default_steps) $("steps").placeholder = info.default_steps;
+    if (info.max_steps) $("steps").max = info.max_steps;
     if (info.max_batch) $("n").max = info.max_batch;
     if (info.max_length) $("length").max = info.max_length;
     $("model").textContent = `Model: ${model.id}` + (info.max_positions ? `, up to ${info.max_positions} positions` : "");
@@ -107,17 +108,22 @@ function segments(output, pieces) {
   return parts;
 }
 
+// `text` into `parent`, each gap in a <mark class="gap"> (plus `gapClass`).
+function appendSegments(parent, text, pieces, gapClass) {
+  for (const [part, gap] of segments(text, pieces) || [[text, false]]) {
+    if (!gap) { parent.append(part); continue; }
+    const mark = document.createElement("mark");
+    mark.className = "gap " + gapClass;
+    mark.textContent = part;
+    parent.append(mark);
+  }
+}
+
 function render(texts, pieces, final) {
   const blocks = texts.map((text) => {
     const block = document.createElement("pre");
     block.className = final ? "sample final" : "sample";
-    for (const [part, gap] of segments(text, pieces) || [[text, false]]) {
-      if (!gap) { block.append(part); continue; }
-      const mark = document.createElement("mark");
-      mark.className = final ? "gap filled" : "gap";
-      mark.textContent = part;
-      block.append(mark);
-    }
+    appendSegments(block, text, pieces, final ? "filled" : "");
     return block;
   });
   $("output").replaceChildren(...blocks);
@@ -144,6 +150,37 @@ async function* events(body) {
 }
 
 let running = null;  // the AbortController of the request under way
+const stepsText = (count) => `${count} step${count === 1 ? "" : "s"}`;
+let pendingStep = null, drawTimer = 0, lastDraw = -Infinity;  // the latest step not drawn yet, and when one was
+
+// Steps can arrive faster than a screen refreshes: a step is drawn at once when the last
+// drawing is 1/30 s old, else the latest one is drawn when it is, so the page stays
+// responsive (and Stop is clicked at once) during long runs.
+function drawStep(event, pieces) {
+  pendingStep = { event, pieces };
+  const wait = lastDraw + 1000 / 30 - performance.now();
+  if (wait <= 0) drawPendingStep();
+  else if (!drawTimer) drawTimer = setTimeout(drawPendingStep, wait);
+}
+
+function drawPendingStep() {
+  drawTimer = 0;
+  if (!pendingStep) return;  // the run ended first
+  const { event, pieces } = pendingStep;
+  pendingStep = null;
+  lastDraw = performance.now();
+  $("progress").max = event.steps;
+  $("progress").value = event.step;
+  $("status").textContent = `Step ${event.step}/${event.steps}, t = ${event.t.toFixed(3)}`;
+  render(event.texts, pieces, false);
+}
+
+function forgetPendingStep() {
+  clearTimeout(drawTimer);
+  drawTimer = 0;
+  pendingStep = null;
+  lastDraw = -Infinity;
+}
 
 function requestOf(currentMode) {
   const number = (id) => Number($(id).value);
@@ -160,9 +197,13 @@ function requestOf(currentMode) {
   return body;
 }
 
-function addHistory(event) {
+function addHistory(event, pieces) {
   const item = document.createElement("li");
-  item.textContent = `step ${event.step}/${event.steps}, t = ${event.t.toFixed(3)}: ` + event.texts.join("  |  ");
+  item.append(`step ${event.step}/${event.steps}, t = ${event.t.toFixed(3)}:`);
+  event.texts.forEach((text, i) => {
+    item.append(i ? "  |  " : " ");
+    appendSegments(item, text, pieces, "");
+  });
   $("history-list").append(item);
 }
 
@@ -192,28 +233,28 @@ async function run(submit) {
       if (event.error) throw new Error(event.error.message);
       if (event.object === "ldlm.step") {
         steps++;
-        $("progress").max = event.steps;
-        $("progress").value = event.step;
-        $("status").textContent = `Step ${event.step}/${event.steps}, t = ${event.t.toFixed(3)}`;
-        render(event.texts, pieces, false);
-        addHistory(event);
+        drawStep(event, pieces);
+        addHistory(event, pieces);
       } else if (event.texts) {
+        forgetPendingStep();
+        $("progress").value = $("progress").max;
         render(event.texts, pieces, true);
         finished = true;
       }
     }
     if (!finished) throw new Error("the stream ended before the final text");
     const seconds = ((performance.now() - started) / 1000).toFixed(2);
-    $("status").textContent = `Done: ${steps} steps streamed in ${seconds} s.`;
+    $("status").textContent = `Done: ${stepsText(steps)} streamed in ${seconds} s.`;
   } catch (error) {
     if (error.name === "AbortError") {
-      $("status").textContent = `Stopped after ${steps} steps.`;
+      $("status").textContent = `Stopped after ${stepsText(steps)}.`;
     } else {
       $("status").textContent = "Failed.";
       showError(error.message);
     }
   } finally {
     running = null;
+    forgetPendingStep();
     $("run").disabled = false;
     $("stop").disabled = true;
   }
