@@ -203,11 +203,31 @@ def check_filled(text):
         at = found + len(known)
 
 
+# The page's highlighting (its functions knownPieces and segments) on outputs the model
+# may give: (text with markers, output, the gaps expected, or None for "not highlighted").
+HIGHLIGHT_CASES = [
+    ("in the <|mask|> after", "in the yard after", [" yard"]),
+    ("in the <|mask|> after", "in theyard after", ["yard"]),  # the space before a gap is the gap's
+    ("a <|mask|><|mask|> b", "a xy b", [" xy"]),  # adjacent gaps are one
+    ("<|mask|> cat <|mask|>", "The cat sat", ["The", " sat"]),
+    ("in the <|mask|> after", "in a yard after", None),  # known text changed: shown plain
+]
+
+
+def check_highlighting(browser):
+    for text, output, expected in HIGHLIGHT_CASES:
+        parts = browser.script("return segments(arguments[1], knownPieces(arguments[0], 'infill'));", text, output)
+        gaps = None if parts is None else [part for part, gap in parts if gap]
+        if gaps != expected or (parts is not None and "".join(part for part, _ in parts) != output):
+            raise Failure(f"the page splits {output!r} (from {text!r}) into {parts}, expected the gaps {expected}")
+
+
 def run_page(browser, url, screenshot):
     browser.go(url)
     browser.wait(f"return [...document.querySelectorAll('#sampler option')].some(o => o.value === '{SAMPLER}');",
                  f"#sampler to offer {SAMPLER} (from /v1/models)", 30)
     print(f"model: {page_state(browser)['model']!r}")
+    check_highlighting(browser)
 
     # An API key entered is sent as a Bearer header (with --api-key the server protects the
     # page too, so the page is loaded from a server without one and its requests are watched).

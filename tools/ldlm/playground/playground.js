@@ -91,14 +91,14 @@ function knownPieces(text, mode) {
 }
 
 // [[text, isGap], ...] of an output, or null when the known pieces are not where
-// they should be (then the text is shown without highlights).
+// they should be (then the text is shown without highlights). Adjacent gaps, with an
+// empty piece between them, come out as one.
 function segments(output, pieces) {
   if (!output.startsWith(pieces[0])) return null;
   const parts = pieces[0] ? [[pieces[0], false]] : [];
   let at = pieces[0].length;
   for (let i = 1; i < pieces.length; i++) {
     const piece = pieces[i], last = i === pieces.length - 1;
-    if (!piece && !last) continue;  // adjacent gaps are drawn as one
     const next = last ? output.length - piece.length : output.indexOf(piece, at);
     if (next < at || (last && !output.endsWith(piece))) return null;
     if (next > at) parts.push([output.slice(at, next), true]);
