@@ -161,7 +161,8 @@ def run(server, clients, seconds, body):
     return {"server": server.name, "clients": clients, "seconds": elapsed, "requests": len(results),
             "texts_per_s": sum(texts for _, texts, _ in results) / elapsed, "p50_ms": percentile(50),
             "p95_ms": percentile(95), "errors": len(errors), "first_error": errors[0] if errors else "",
-            "client_cpu_ms_per_request": 1000 * client_cpu / max(1, len(results)), "rss_mib": server.rss_mib()}
+            "client_cpu_ms_per_request": 1000 * client_cpu / max(1, len(results)), "rss_mib": server.rss_mib(),
+            "load": os.getloadavg()[0]}
 
 
 def metric_lines(server, word):
@@ -213,15 +214,16 @@ def main():
         f"`{command}`", "",
         f"Each request: `POST /infill` `{json.dumps({**body, 'seed': 'k'})}` (2 gaps, {len(TEXT)} characters), "
         "the demo model, the servers' defaults otherwise. Clients run on the same machine (a Python thread each, "
-        "one request after another on a kept-alive connection), paired runs in ABBA order.", ""]
+        "one request after another on a kept-alive connection), paired runs in ABBA order. The load average "
+        f"(1 minute, of the whole machine: {os.cpu_count()} CPUs) shows what else ran.", ""]
     if args.note:
         lines += [args.note, ""]
-    lines += ["| server | clients | requests | texts/s | p50 ms | p95 ms | errors | RSS after MiB | client CPU ms/request |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| server | clients | requests | texts/s | p50 ms | p95 ms | errors | RSS after MiB | client CPU ms/request "
+              "| load average at the end |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['server']} | {row['clients']} | {row['requests']} | {row['texts_per_s']:.2f} | "
                      f"{row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['errors']} | {row['rss_mib']:.1f} | "
-                     f"{row['client_cpu_ms_per_request']:.2f} |")
+                     f"{row['client_cpu_ms_per_request']:.2f} | {row['load']:.1f} |")
     lines += ["", "Batching against one request at a time (texts/s, same number of clients):", ""]
     for clients in levels:
         pair = {row["server"]: row["texts_per_s"] for row in rows if row["clients"] == clients}
