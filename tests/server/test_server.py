@@ -364,7 +364,9 @@ def case_limits():
 def case_disconnect():
     s = Server("--threads", "1")
     try:
-        body = json.dumps(dict(HOLD, resample=20, stream=True))
+        # About 100,000 denoiser calls (RePaint 100 times per step): a minute on 2 cores,
+        # unless the client's going away stops it.
+        body = json.dumps(dict(HOLD, resample=100, stream=True))
         sock = socket.create_connection(("127.0.0.1", s.port), timeout=30 * TIME_SCALE)
         sock.sendall(("POST /infill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
@@ -375,11 +377,12 @@ def case_disconnect():
                 break
         check(b"data: " in received, "no first event")
         sock.close()
-        wait_for(lambda: s.metric("ldlm_requests_cancelled_total") >= 1, "the request to be cancelled")
-        wait_for(lambda: s.metric("ldlm_running_requests") == 0, "the batch to stop")
-        calls = s.metric("ldlm_denoiser_calls_total")
-        check(calls < 20000, f"the cancelled request ran all its {calls} calls")
-        check(s.post("/infill", {"text": PROMPT, "steps": 3})[0] == 200, "still serving")
+        closed = time.monotonic()
+        wait_for(lambda: s.metric("ldlm_requests_cancelled_total") >= 1, "the request to be cancelled", seconds=10)
+        wait_for(lambda: s.metric("ldlm_running_requests") == 0, "the batch to stop", seconds=10)
+        print(f"the batch stopped {time.monotonic() - closed:.2f} s after the client went away")
+        status, _, answer = s.post("/infill", {"text": PROMPT, "steps": 3})
+        check(status == 200 and answer["timings"]["queue_ms"] < 2000 * TIME_SCALE, f"still serving: {answer}")
         check(any("went away" in line for line in s.log), "the log says the client went away")
     finally:
         check(s.stop() == 0, "exit status")

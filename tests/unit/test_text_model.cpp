@@ -106,6 +106,8 @@ TEST(TextModel, SampleBatchGivesEachRequestItsSoloSamples) {
   a.push_back(mask);
   TokenIds b(a.size(), mask);
   b[0] = demo().tokenize("Once")[0];
+  // Request 2 has request 0's ids and seed but n = 1: its noise differs after the first
+  // draw (n·T·d normals a draw), so its sample is its own.
   const std::vector<TextRequest> requests{{a, 2, 3}, {b, 1, 9}, {a, 1, 3}};
   for (const std::string sampler : {"dpmpp-3m", "dpmpp-2m-sde"}) {
     int previews = 0;
@@ -125,8 +127,6 @@ TEST(TextModel, SampleBatchGivesEachRequestItsSoloSamples) {
       ASSERT_EQ(got[i].texts.size(), alone.size());
       for (std::size_t k = 0; k < alone.size(); ++k) EXPECT_EQ(got[i].texts[k], demo().detokenize(alone[k]));
     }
-    // Request 2 repeats request 0's ids and seed: its sample is request 0's first.
-    EXPECT_EQ(got[2].ids[0], got[0].ids[0]);
   }
   EXPECT_THAT(error_of<InvalidArgument>([&] { demo().sample_batch(std::vector<TextRequest>{}); }),
               HasSubstr("TextModel::sample_batch: no request to sample"));

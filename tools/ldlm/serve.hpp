@@ -75,14 +75,9 @@ std::vector<std::string> names_of(const Table& table) {
 
 /// The model of the model options: the built-in demo model unless --weights is given.
 TextModel open_text_model(const ModelOptions& model, const TokenizerOptions& tokenizer) {
-  if (model.init_seed) throw UsageError("serve: --init-seed is not supported; give --weights");
   TextModelOptions options;
   options.precision = model.precision == Precision::bf16 ? "bf16" : "fp32";
-  if (!model.weights) {
-    if (model.config) throw UsageError("serve: --config needs --weights (the demo model has its own)");
-    if (tokenizer.dir) throw UsageError("serve: --tokenizer needs --weights (the demo model uses GPT-2's)");
-    return TextModel::demo(options);
-  }
+  if (!model.weights) return TextModel::demo(options);
   options.config = model.config.value_or("");
   return TextModel::open(*model.weights, tokenizer.dir.value_or(""), options);
 }
@@ -94,7 +89,9 @@ int run_serve(const Args& args) {
   const ServeOptions o = args.read<ServeOptions>();
   const ModelOptions model_options = args.read<ModelOptions>();
   const TokenizerOptions tokenizer_options = args.read<TokenizerOptions>();
-  if (model_options.init_seed) args.fail("--init-seed is not supported; give --weights");
+  if (!model_options.weights && model_options.config) args.fail("--config needs --weights (the demo model has its own)");
+  if (!model_options.weights && tokenizer_options.dir)
+    args.fail("--tokenizer needs --weights (the demo model uses GPT-2's)");
 
   server::ServiceOptions service;
   service.model_name =
@@ -144,9 +141,12 @@ int run_serve(const Args& args) {
   std::fflush(stderr);
 
   svc.install(http);
-  std::atomic<bool> stopping{false};
+  // `stopping` is set by a signal, or by a failed load; the listener then stops. httplib's
+  // stop() does nothing before the listener has started running, so it is repeated until
+  // the listener has returned.
+  std::atomic<bool> stopping{false}, listener_done{false};
   std::thread signals([&] {
-    const timespec poll{0, 200'000'000};
+    const timespec poll{0, 100'000'000};
     while (!stopping) {
       siginfo_t info;
       const int sig = sigtimedwait(&stop_signals, &info, &poll);
@@ -154,12 +154,18 @@ int run_serve(const Args& args) {
         std::fprintf(stderr, "ldlm serve: %s: no new connections; finishing the requests in progress\n",
                      sig == SIGTERM ? "SIGTERM" : "SIGINT");
         stopping = true;
-        http.stop();
       }
+    }
+    while (!listener_done) {
+      http.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
   std::thread listener([&] {
-    if (!http.listen_after_bind()) std::fprintf(stderr, "ldlm serve: the listening socket failed\n");
+    if (!http.listen_after_bind() && !stopping)
+      std::fprintf(stderr, "ldlm serve: the listening socket failed\n");
+    listener_done = true;
+    stopping = true;
   });
 
   std::optional<TextModel> model;
@@ -183,10 +189,8 @@ int run_serve(const Args& args) {
   } else {
     std::fprintf(stderr, "ldlm serve: error: %s\n", load_error.c_str());
     stopping = true;
-    http.stop();
   }
   listener.join();
-  stopping = true;
   signals.join();
   svc.stop();
   if (!model) return 1;

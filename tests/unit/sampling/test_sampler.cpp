@@ -152,10 +152,17 @@ TEST(Sampler, LatentsAreTheLastDeterministicMean) {
 // alike; the rows of a product do not depend on the other rows, so the latents are equal
 // bit for bit.
 TEST(Sampler, NoiseGroupsGiveEachRequestItsSoloLatents) {
-  const Pipeline<float> pipeline(small_model());
+  // Known tokens need the encoders too: every module, generated.
+  struct FullModel {
+    LDLM<float> model{small_config()};
+    FullModel() { init_parameters(model, 7); }
+  };
+  static const FullModel generated;
+  const LDLM<float>& full = generated.model;
+  const Pipeline<float> pipeline(full);
   Context ctx(1);
   const Index T = 6;
-  const Config& c = small_model().config;
+  const Config& c = full.config;
   for (const SamplerKind kind : {SamplerKind::ode, SamplerKind::dpmpp_2m_sde}) {
     for (const int resample : {0, 1}) {
       SamplerOptions batch = options(0, kind, 4);

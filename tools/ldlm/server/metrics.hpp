@@ -77,7 +77,7 @@ class Metrics {
     batch_sequences_.write(out, "ldlm_batch_size");
     out << "# HELP ldlm_batch_requests Requests per sampling batch.\n# TYPE ldlm_batch_requests histogram\n";
     batch_requests_.write(out, "ldlm_batch_requests");
-    out << "# HELP ldlm_denoiser_calls_total Denoiser calls, each over a whole batch.\n"
+    out << "# HELP ldlm_denoiser_calls_total Denoiser calls of the batches that ran to their end, each over the batch.\n"
            "# TYPE ldlm_denoiser_calls_total counter\n"
         << "ldlm_denoiser_calls_total " << denoiser_calls_ << "\n";
     out << "# HELP ldlm_requests_cancelled_total Sampling requests whose client went away.\n"

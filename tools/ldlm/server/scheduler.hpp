@@ -298,8 +298,8 @@ class Scheduler {
         outcome.error = *error;
       else if (i < samples.size())
         outcome.samples = std::move(samples[i]);
-      else
-        continue;
+      else  // cancelled: settle() has answered every job, and finish() changes nothing
+        outcome.error = ApiError(503, "unavailable", "the batch was cancelled");
       if (job.abandoned()) {
         if (!job.finished()) metrics_.cancelled();
         job.finish({std::nullopt, ApiError(499, "cancelled", "the client went away"), {}, 0, 0, 0});
