@@ -13,8 +13,6 @@
 set -euo pipefail
 
 packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libdnnl-dev libpcre2-dev)
-# `ldlm serve`: cpp-httplib, found through pkg-config.
-packages+=(libcpp-httplib-dev pkgconf)
 
 usage() {
   sed -n '2,12s/^# \{0,1\}//p' "$0"
@@ -32,6 +30,8 @@ for arg in "$@"; do
     *) echo "install-deps.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
   esac
 done
+# `ldlm serve` (tools/ldlm/server): cpp-httplib, found through pkg-config.
+packages+=(libcpp-httplib-dev pkgconf)
 
 missing=()
 for pkg in "${packages[@]}"; do

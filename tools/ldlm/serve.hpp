@@ -59,8 +59,8 @@ const Command kServe{
      value_option("http-threads", "N", &ServeOptions::http_threads, {1, 4096},
                   "connections served at once; default: --max-queue + --max-batch + 8"),
      kWeightsOption, kConfigOption, kTokenizerOption, kPrecisionOption, kThreadsOption},
-    "The model: without options, the built-in demo model (tools/train/README.md) with GPT-2's\n"
-    "tokenizer; --weights W serves the model of a file (--config C for a file without its\n"
+    "The model: without options, the built-in demo model with GPT-2's tokenizer;\n"
+    "--weights W serves the model of a file (--config C for a file without its\n"
     "configuration, --tokenizer DIR for other tokenizer files). docs/server.md describes the\n"
     "endpoints, the batching, the limits and running several instances.\n"};
 
