@@ -2,9 +2,11 @@
 # Installs the Debian 12 packages ldlm needs, skipping those already installed.
 #
 #   bash tools/install-deps.sh            build + tests + tool + benchmarks + Python module
-#   bash tools/install-deps.sh --python   also PyTorch/Matplotlib/OpenBLAS: for tools/convert.py
-#                                         and its tests, the Python module's parity tests,
-#                                         to regenerate tests/data, or to compare benchmarks
+#   bash tools/install-deps.sh --python   also PyTorch/Matplotlib/OpenBLAS/Dask: for tools/convert.py
+#                                         and its tests, the Python module's parity and Dask
+#                                         tests, to regenerate tests/data, or to compare benchmarks
+#   bash tools/install-deps.sh --browser  also Chromium and its WebDriver: for the playground's test in a
+#                                         real browser (tests/browser), which is skipped without them
 #
 # Runs apt-get update once, and only when something is missing. Uses sudo when
 # not run as root. Works non-interactively (CI).
@@ -17,14 +19,18 @@ packages=(cmake g++ make libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-
           pybind11-dev python3-dev python3-numpy python3-pytest python3-pip)
 
 usage() {
-  sed -n '2,10s/^# \{0,1\}//p' "$0"
+  sed -n '2,12s/^# \{0,1\}//p' "$0"
 }
 
 for arg in "$@"; do
   case "$arg" in
     # libopenblas0: without it python3-torch's BLAS is the reference libblas3, and
     # PyTorch fp32 runs 25x slower than at its best (bench/compare.py's baseline).
-    --python) packages+=(python3 python3-torch python3-numpy python3-matplotlib libopenblas0) ;;
+    # python3-distributed (with python3-dask): ldlm.dask and its tests (docs/dask.md).
+    --python) packages+=(python3 python3-torch python3-numpy python3-matplotlib libopenblas0 python3-distributed) ;;
+    # A separate flag: Chromium is some 300 MB that only the playground's test needs, and
+    # tools/quickstart.sh installs the base list for a first build.
+    --browser) packages+=(python3 chromium chromium-driver) ;;
     -h|--help) usage; exit 0 ;;
     *) echo "install-deps.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
   esac
