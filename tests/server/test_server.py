@@ -315,6 +315,7 @@ def case_limits():
     auth = {"Authorization": "Bearer sesame"}
     try:
         check(s.request("GET", "/health")[0] == 200, "/health needs no key")
+        check(s.request("GET", "/")[0] == 200, "the page needs no key (a browser cannot send one to open it)")
         expect_error(s.post("/infill", {"text": PROMPT}), 401, "API key")
         expect_error(s.post("/infill", {"text": PROMPT}, headers={"Authorization": "Bearer sesamE"}), 401, "API key")
         expect_error(s.request("GET", "/metrics"), 401)

@@ -42,7 +42,7 @@ const Command kServe{
     {text_option("host", "ADDR", &ServeOptions::host, "the address to listen on; 0.0.0.0 for every interface"),
      value_option("port", "P", &ServeOptions::port, {0, 65535}, "the TCP port; 0: any free one"),
      text_option("api-key", "KEY", &ServeOptions::api_key,
-                 "require 'Authorization: Bearer KEY' on every endpoint but /health"),
+                 "require 'Authorization: Bearer KEY' on every endpoint but /health and the page"),
      value_option("max-batch", "N", &ServeOptions::max_batch, {1, 4096},
                   "sequences per batch, and samples (n) per request"),
      value_option("max-queue", "Q", &ServeOptions::max_queue, {1, 1 << 16},

@@ -5,6 +5,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -213,7 +214,9 @@ class Service {
   }
 
   /// 404 for an unknown path, 405 for a known path and another method, 401 without the
-  /// API key (but for /health).
+  /// API key (but for /health and the page's static files: a browser cannot send a header
+  /// when it opens a page, and the files hold nothing but the page; its requests carry
+  /// the key the person types).
   httplib::Server::HandlerResponse pre_route(const httplib::Request& req, httplib::Response& res) {
     const auto route = routes_.find(req.path);
     if (route == routes_.end()) {
@@ -229,7 +232,9 @@ class Service {
       reply(res, ApiError(405, "method_not_allowed", req.method + " " + req.path + " is not allowed; use " + allow));
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (!options_.api_key.empty() && req.path != "/health" && !authorized(req)) {
+    const bool is_static =
+        std::any_of(files_.begin(), files_.end(), [&](const StaticFile& file) { return file.path == req.path; });
+    if (!options_.api_key.empty() && req.path != "/health" && !is_static && !authorized(req)) {
       reply(res, ApiError(401, "authentication_error",
                           "missing or wrong API key: send the header 'Authorization: Bearer <key>' (--api-key)"));
       return httplib::Server::HandlerResponse::Handled;
