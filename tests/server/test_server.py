@@ -385,6 +385,23 @@ def case_disconnect():
         status, _, answer = s.post("/infill", {"text": PROMPT, "steps": 3})
         check(status == 200 and answer["timings"]["queue_ms"] < 2000 * TIME_SCALE, f"still serving: {answer}")
         check(any("went away" in line for line in s.log), "the log says the client went away")
+
+        # Not streamed: nothing is written until the end, so the server must look at the
+        # socket itself (tools/ldlm/server/peer.hpp).
+        body = json.dumps(dict(HOLD, resample=100))
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=30 * TIME_SCALE)
+        sock.sendall(("POST /infill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        wait_for(lambda: s.metric("ldlm_running_requests") == 1, "the plain request to run", seconds=10)
+        sock.close()
+        closed = time.monotonic()
+        wait_for(lambda: s.metric("ldlm_requests_cancelled_total") >= 2, "the plain request to be cancelled",
+                 seconds=10)
+        wait_for(lambda: s.metric("ldlm_running_requests") == 0, "its batch to stop", seconds=10)
+        print(f"the plain batch stopped {time.monotonic() - closed:.2f} s after the client went away")
+        check(any("a client went away" in line for line in s.log), "the log says the plain client went away")
+        status, _, answer = s.post("/infill", {"text": PROMPT, "steps": 3})
+        check(status == 200 and answer["timings"]["queue_ms"] < 2000 * TIME_SCALE, f"still serving: {answer}")
     finally:
         check(s.stop() == 0, "exit status")
 

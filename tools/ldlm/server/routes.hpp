@@ -20,6 +20,7 @@
 
 #include "ldlm/text_model.hpp"
 #include "metrics.hpp"
+#include "peer.hpp"
 #include "request.hpp"
 #include "scheduler.hpp"
 #include "sse.hpp"
@@ -418,7 +419,7 @@ class Service {
       if (fields.stream)
         stream(res, model, shape, job);
       else
-        wait(res, model, shape, *job);
+        wait(req, res, model, shape, *job);
     } catch (const ApiError& e) {
       reply(res, e);
     } catch (const InvalidArgument& e) {
@@ -430,8 +431,21 @@ class Service {
   /// progress then to end.
   static Clock::time_point give_up_at(const Job& job) { return job.deadline + std::chrono::seconds(30); }
 
-  void wait(httplib::Response& res, const TextModel& model, const Shape& shape, Job& job) {
-    const std::optional<Job::Outcome> outcome = job.wait_outcome(give_up_at(job));
+  /// The answer of a request that is not streamed. While it waits, it looks every 100 ms
+  /// whether its client has gone away (peer.hpp): then its request is abandoned, as a
+  /// streamed one is when a write fails.
+  void wait(const httplib::Request& req, httplib::Response& res, const TextModel& model, const Shape& shape, Job& job) {
+    PeerWatch peer(req);
+    std::optional<Job::Outcome> outcome;
+    while (!outcome && Clock::now() < give_up_at(job)) {
+      outcome = job.wait_outcome(std::min(give_up_at(job), Clock::now() + std::chrono::milliseconds(100)));
+      if (!outcome && peer.gone()) {
+        job.abandon();
+        std::fprintf(stderr, "ldlm serve: a client went away; its request is cancelled\n");
+        reply(res, ApiError(499, "cancelled", "the client went away"));
+        return;
+      }
+    }
     if (!outcome) {
       job.abandon();
       reply(res, ApiError(504, "timeout", "the request took longer than --timeout and was given up"));
