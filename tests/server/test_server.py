@@ -402,6 +402,25 @@ def case_disconnect():
         check(any("a client went away" in line for line in s.log), "the log says the plain client went away")
         status, _, answer = s.post("/infill", {"text": PROMPT, "steps": 3})
         check(status == 200 and answer["timings"]["queue_ms"] < 2000 * TIME_SCALE, f"still serving: {answer}")
+
+        # A client that sends its next request while the first runs (pipelining) makes the
+        # socket readable, not closed: the first is still answered, then the second.
+        body = json.dumps(HOLD)
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=60 * TIME_SCALE)
+        sock.sendall(("POST /infill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+        wait_for(lambda: s.metric("ldlm_running_requests") == 1, "the pipelined request to run", seconds=10)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        for _ in range(1000):
+            chunk = sock.recv(65536)
+            received += chunk
+            if not chunk or received.count(b"HTTP/1.1 ") >= 2 and received.endswith(b"}"):
+                break
+        sock.close()
+        heads = re.findall(rb"HTTP/1\.1 (\d+)", received)
+        check(heads == [b"200", b"200"] and b'"texts"' in received, f"pipelined answers: {received[:300]!r}")
+        check(s.metric("ldlm_requests_cancelled_total") == 2, "the pipelined request was not cancelled")
     finally:
         check(s.stop() == 0, "exit status")
 
