@@ -56,49 +56,6 @@ Value named_field(std::string_view op, std::string_view field, const std::string
   throw InvalidArgument(std::string(op) + ": " + std::string(field) + " '" + name + "' is not one of: " + names);
 }
 
-/// Hands out execution contexts, one per call at a time, and keeps them for the next
-/// call: a context's thread pool and scratch arenas cost a thread start and page faults
-/// to build.
-class ContextPool {
- public:
-  class Lease {
-   public:
-    Lease(ContextPool& pool, std::unique_ptr<Context> ctx) : pool_(pool), ctx_(std::move(ctx)) {}
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    ~Lease() { pool_.give_back(std::move(ctx_)); }
-    Context& operator*() { return *ctx_; }
-
-   private:
-    ContextPool& pool_;
-    std::unique_ptr<Context> ctx_;
-  };
-
-  Lease take(int threads) {
-    {
-      const std::lock_guard lock(mutex_);
-      for (auto it = idle_.begin(); it != idle_.end(); ++it)
-        if ((*it)->threads() == threads) {
-          std::unique_ptr<Context> ctx = std::move(*it);
-          idle_.erase(it);
-          return Lease(*this, std::move(ctx));
-        }
-    }
-    return Lease(*this, std::make_unique<Context>(threads));
-  }
-
- private:
-  static constexpr std::size_t kMaxIdle = 8;
-
-  void give_back(std::unique_ptr<Context> ctx) {
-    const std::lock_guard lock(mutex_);
-    if (idle_.size() < kMaxIdle) idle_.push_back(std::move(ctx));
-  }
-
-  std::mutex mutex_;
-  std::vector<std::unique_ptr<Context>> idle_;
-};
-
 }  // namespace detail
 
 struct TextModel::Impl {
@@ -112,7 +69,7 @@ struct TextModel::Impl {
 
   mutable std::mutex models_mutex;
   mutable std::array<std::shared_ptr<const Model>, 3> models;  // by Precision
-  mutable detail::ContextPool contexts;
+  mutable ContextPool contexts;
 
   Impl(std::function<SafetensorsFile()> open, std::optional<Config> given, Tokenizer tok, Precision p)
       : open_weights(std::move(open)), given_config(std::move(given)), tokenizer(std::move(tok)), precision(p) {}
@@ -159,11 +116,7 @@ inline Tokenizer builtin_gpt2_tokenizer() {
 }
 
 inline Precision text_precision(std::string_view op, const std::string& name, Precision fallback) {
-  if (name.empty()) return fallback;
-  if (name == "fp32") return Precision::fp32;
-  if (name == "bf16") return Precision::bf16;
-  if (name == "int8") return Precision::int8;
-  throw InvalidArgument(std::string(op) + ": precision '" + name + "' is not one of: fp32, bf16, int8");
+  return name.empty() ? fallback : parse_precision(name, std::string(op) + ": precision");
 }
 
 }  // namespace detail

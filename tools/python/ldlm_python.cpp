@@ -162,56 +162,7 @@ Config to_config(const py::handle& value, const char* where) {
 
 py::dict config_dict(const Config& c) { return json_module().attr("loads")(c.to_json().dump()); }
 
-Precision to_precision(const std::string& name, const char* where) {
-  if (name == "fp32") return Precision::fp32;
-  if (name == "bf16") return Precision::bf16;
-  throw InvalidArgument(std::string(where) + ": precision must be 'fp32' or 'bf16', got '" + name + "'");
-}
-
 // ------------------------------------------------------------------------ the model
-
-/// Execution contexts kept between calls (a thread pool and its arenas cost a thread
-/// start and page faults to build), one per call at a time, so calls from several
-/// Python threads each run on their own.
-class ContextPool {
- public:
-  class Lease {
-   public:
-    Lease(ContextPool& pool, std::unique_ptr<Context> ctx) : pool_(pool), ctx_(std::move(ctx)) {}
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    ~Lease() { pool_.give_back(std::move(ctx_)); }
-    Context& operator*() { return *ctx_; }
-
-   private:
-    ContextPool& pool_;
-    std::unique_ptr<Context> ctx_;
-  };
-
-  Lease take(int threads) {
-    {
-      const std::lock_guard lock(mutex_);
-      for (auto it = idle_.begin(); it != idle_.end(); ++it)
-        if ((*it)->threads() == threads) {
-          std::unique_ptr<Context> ctx = std::move(*it);
-          idle_.erase(it);
-          return Lease(*this, std::move(ctx));
-        }
-    }
-    return Lease(*this, std::make_unique<Context>(threads));
-  }
-
- private:
-  static constexpr std::size_t kMaxIdle = 8;
-
-  void give_back(std::unique_ptr<Context> ctx) {
-    const std::lock_guard lock(mutex_);
-    if (idle_.size() < kMaxIdle) idle_.push_back(std::move(ctx));
-  }
-
-  std::mutex mutex_;
-  std::vector<std::unique_ptr<Context>> idle_;
-};
 
 int thread_count(int threads, const std::string& where) {
   if (threads < 0 || threads > 1024)
@@ -331,7 +282,7 @@ std::shared_ptr<const LoadedModel> load(const std::string& path, const py::objec
                                         const std::optional<std::vector<std::string>>& modules) {
   std::optional<Config> given;
   if (!config.is_none()) given = to_config(config, "ldlm.load_model");
-  const Precision p = to_precision(precision, "ldlm.load_model");
+  const Precision p = parse_precision(precision, "ldlm.load_model: precision");
   py::gil_scoped_release release;
   const SafetensorsFile file = SafetensorsFile::open(path);
   if (!modules) {
@@ -671,7 +622,7 @@ PYBIND11_MODULE(_ldlm, m) {
       py::arg("path"), py::arg("config") = py::none(), py::arg("precision") = "fp32", py::kw_only(),
       py::arg("modules") = py::none(),
       "The model of a safetensors weights file (its configuration from the file's metadata, or `config`: an "
-      "ldlm.Config, a dict or a JSON path), packed for `precision` ('fp32' or 'bf16'). modules=None loads the "
+      "ldlm.Config, a dict or a JSON path), packed for `precision` ('fp32', 'bf16' or 'int8'). modules=None loads the "
       "whole model strictly; a list of names loads only those (the file may hold just them).");
 
   // TextModel -------------------------------------------------------------------------

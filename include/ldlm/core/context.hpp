@@ -265,6 +265,49 @@ class Context {
   std::vector<std::unique_ptr<Arena>> worker_arenas_;  // one per pool thread; blocks allocated on first use
 };
 
+/// Hands out execution contexts, one per call at a time, and keeps them for the next
+/// call: a context's thread pool and scratch arenas cost a thread start and page faults
+/// to build. Calls from several threads each lease a context of their own.
+class ContextPool {
+ public:
+  class Lease {
+   public:
+    Lease(ContextPool& pool, std::unique_ptr<Context> ctx) : pool_(pool), ctx_(std::move(ctx)) {}
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { pool_.give_back(std::move(ctx_)); }
+    Context& operator*() { return *ctx_; }
+
+   private:
+    ContextPool& pool_;
+    std::unique_ptr<Context> ctx_;
+  };
+
+  Lease take(int threads) {
+    {
+      const std::lock_guard lock(mutex_);
+      for (auto it = idle_.begin(); it != idle_.end(); ++it)
+        if ((*it)->threads() == threads) {
+          std::unique_ptr<Context> ctx = std::move(*it);
+          idle_.erase(it);
+          return Lease(*this, std::move(ctx));
+        }
+    }
+    return Lease(*this, std::make_unique<Context>(threads));
+  }
+
+ private:
+  static constexpr std::size_t kMaxIdle = 8;
+
+  void give_back(std::unique_ptr<Context> ctx) {
+    const std::lock_guard lock(mutex_);
+    if (idle_.size() < kMaxIdle) idle_.push_back(std::move(ctx));
+  }
+
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Context>> idle_;
+};
+
 /// Runs f(row) for every row in [0, rows), in chunks of rows over the context's
 /// threads: the loop of every row-wise op. f must only write its own row.
 template <class F>
