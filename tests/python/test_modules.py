@@ -150,6 +150,15 @@ def test_module_left_out_by_load_model(model):
     assert "unknown module 'decoder'" in message
 
 
+def test_int8_is_kept_or_refused_with_the_reason():
+    try:
+        int8 = ldlm.load_model(str(DEMO_WEIGHTS), precision="int8")
+    except ldlm.Error as refused:  # a CPU without int8 dot products (docs/model.md §Precision)
+        assert "int8 dot-product instructions" in str(refused)
+        return
+    assert int8.precision == "int8"
+
+
 def test_load_model_errors(tmp_path):
     message = error_of(lambda: ldlm.load_model(str(tmp_path / "missing.safetensors")), ldlm.IoError)
     assert "missing.safetensors" in message

@@ -596,7 +596,7 @@ PYBIND11_MODULE(_ldlm, m) {
                                                               "A whole LDLM from a weights file (ldlm.load_model).");
   model.def_property_readonly("config", [](const LoadedModel& l) { return l.model.config; })
       .def_property_readonly("precision",
-                             [](const LoadedModel& l) { return l.precision == Precision::bf16 ? "bf16" : "fp32"; })
+                             [](const LoadedModel& l) { return std::string(precision_name(l.precision)); })
       .def_property_readonly("path", [](const LoadedModel& l) { return l.path; })
       .def_property_readonly("modules", [](const LoadedModel& l) { return l.loaded; })
       .def_property_readonly(
