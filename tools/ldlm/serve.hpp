@@ -64,6 +64,10 @@ const Command kServe{
     "configuration, --tokenizer DIR for other tokenizer files). docs/server.md describes the\n"
     "endpoints, the batching, the limits and running several instances.\n"};
 
+/// Requests on one kept-alive connection before the server closes it (as nginx's
+/// keepalive_requests).
+inline constexpr std::size_t kKeepAliveRequests = 1000;
+
 namespace detail {
 
 template <class Table>
@@ -125,6 +129,14 @@ int run_serve(const Args& args) {
   const int http_threads = o.http_threads.value_or(o.max_queue + o.max_batch + 8);
   http.new_task_queue = [http_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(http_threads)); };
   http.set_payload_max_length(static_cast<std::size_t>(o.max_body));
+  // httplib writes an answer's header and body in two writes: with Nagle's algorithm on,
+  // the body waits for the client's delayed ACK of the header, about 40 ms on Linux, which
+  // was most of a request's latency and kept a batch's clients from coming back together.
+  http.set_tcp_nodelay(true);
+  // httplib closes a kept-alive connection after 5 requests by default: every client then
+  // reconnects every 5 requests, and the listen backlog httplib 0.11 compiles in (5) drops
+  // the SYNs of a burst of reconnections, each then retried after a second.
+  http.set_keep_alive_max_count(kKeepAliveRequests);
   const auto io = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(o.io_timeout));
   http.set_read_timeout(io);
   http.set_write_timeout(io);
