@@ -22,6 +22,7 @@ struct ServeOptions {
   int port = 8080;
   std::optional<std::string> api_key;
   int max_batch = 16, max_queue = 64;
+  double batch_window_ms = 5;
   std::optional<int> max_length;
   double timeout = 60;
   std::int64_t max_body = 1 << 20;
@@ -45,6 +46,9 @@ const Command kServe{
                  "require 'Authorization: Bearer KEY' on every endpoint but /health and the page"),
      value_option("max-batch", "N", &ServeOptions::max_batch, {1, 4096},
                   "sequences per batch, and samples (n) per request"),
+     value_option("batch-window-ms", "MS", &ServeOptions::batch_window_ms, {0.0, 10000.0},
+                  "after a batch, how long to wait for the requests known to be about\n(the batch's clients, "
+                  "answered, and those waiting) before the next\none starts with fewer; 0: start at once"),
      value_option("max-queue", "Q", &ServeOptions::max_queue, {1, 1 << 16},
                   "sampling requests waiting; more are answered 429"),
      value_option("max-length", "T", &ServeOptions::max_length, {1, 1 << 20},
@@ -104,6 +108,8 @@ int run_serve(const Args& args) {
   service.api_key = o.api_key.value_or("");
   service.max_batch = o.max_batch;
   service.max_queue = o.max_queue;
+  service.batch_window =
+      std::chrono::duration_cast<server::Clock::duration>(std::chrono::duration<double, std::milli>(o.batch_window_ms));
   service.timeout = o.timeout;
   service.threads = model_options.threads.value_or(0);
   service.limits.max_batch = o.max_batch;
