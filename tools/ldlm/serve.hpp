@@ -5,6 +5,7 @@
 #pragma once
 
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <csignal>
 #include <ctime>
@@ -148,6 +149,16 @@ int run_serve(const Args& args) {
   http.set_write_timeout(io);
   http.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(o.io_timeout)));
 
+  // httplib 0.11 listens with a backlog of 5, compiled into Debian's library: a burst of
+  // new connections (16 clients starting) overflows it, and the kernel drops their
+  // handshakes (retried after a second) or resets them. A second listen() on the socket
+  // sets a larger backlog; the socket is known from the options callback, which sees it
+  // before bind.
+  int listening_socket = -1;
+  http.set_socket_options([&listening_socket](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening_socket = static_cast<int>(sock);
+  });
   int port = o.port;
   if (port == 0) {
     port = http.bind_to_any_port(o.host);
@@ -155,6 +166,8 @@ int run_serve(const Args& args) {
   } else if (!http.bind_to_port(o.host, port)) {
     throw Error("serve: cannot listen on " + o.host + ":" + std::to_string(port) + " (in use, or not an address here)");
   }
+  if (::listen(listening_socket, SOMAXCONN) != 0)
+    throw Error("serve: cannot set the listen backlog of " + o.host + ":" + std::to_string(port));
   const std::string url_host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
   std::fprintf(stderr, "ldlm serve: listening on http://%s:%d\n", url_host.c_str(), port);
   std::fflush(stderr);
