@@ -5,14 +5,17 @@ Starts two servers of the same binary on loopback, one batching (its default
 --max-batch) and one with --max-batch 1, and drives both with a bounded client of
 C threads (C in --clients), each sending POST /infill (no streaming) on a kept-alive
 connection, one request after another, for --duration seconds. Per run it reports
-p50/p95 latency, texts per second and errors (any answer but 200 with filled texts),
+p50/p95 latency, texts per second, the server's CPU time per text (user and system, all its
+threads: on a shared machine the work done, where texts per second is also the share of
+the CPU it got) and errors (any answer but 200 with filled texts),
 and each server's RSS (VmRSS of /proc/<pid>/status) after the warm-up and after
-every run. The runs are paired: at each C the two servers run back to back, the
-batching one first at odd positions and second at even ones (ABBA), so a drift of
-the machine's speed falls on both.
+every run, and the batching server's requests per batch in each run. The runs are
+paired: in each of --rounds rounds and at each C the two servers run back to back, the
+batching one first and second in turn (ABBA), so a drift of the machine's speed falls
+on both; the report gives medians and ranges over the rounds.
 
-    python3 bench/serve_load.py --ldlm build/default/tools/ldlm                  # 60 s runs, 1, 4, 16 clients
-    python3 bench/serve_load.py --ldlm build/default/tools/ldlm --duration 5 --out /tmp/x.md   # a smoke run
+    python3 bench/serve_load.py --ldlm build/default/tools/ldlm                  # 3 rounds of 60 s runs, 1, 4, 16 clients
+    python3 bench/serve_load.py --ldlm build/default/tools/ldlm --rounds 1 --duration 5 --out /tmp/x.md   # a smoke run
 
 Python standard library only. The client shares the CPU with the server; its own cost
 per request is reported (client CPU seconds per request) so it can be weighed.
@@ -28,6 +31,7 @@ import queue
 import re
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -98,6 +102,12 @@ class Server:
                     return int(line.split()[1]) / 1024
         raise RuntimeError(f"{self.name}: no VmRSS in /proc/{self.proc.pid}/status")
 
+    def cpu_seconds(self):
+        """User and system time of the server's process so far (/proc/<pid>/stat)."""
+        with open(f"/proc/{self.proc.pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self):
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -140,6 +150,7 @@ def run(server, clients, seconds, body):
     """Runs `clients` clients for `seconds`; returns the figures of the requests that ended."""
     results = []
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+    server_cpu_before = server.cpu_seconds()
     started = time.monotonic()
     threads = [threading.Thread(target=client, args=(server, body, started + seconds, results, 1000000 * i))
                for i in range(clients)]
@@ -150,6 +161,7 @@ def run(server, clients, seconds, body):
     if any(thread.is_alive() for thread in threads):
         raise RuntimeError(f"{server.name}: a client was still waiting 180 s after the run's end")
     elapsed = time.monotonic() - started
+    server_cpu = server.cpu_seconds() - server_cpu_before
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)
     client_cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     latencies = sorted(latency for latency, _, error in results if error is None)
@@ -158,16 +170,36 @@ def run(server, clients, seconds, body):
     def percentile(p):  # nearest rank
         return latencies[max(0, -(-len(latencies) * p // 100) - 1)] * 1000 if latencies else float("nan")
 
+    texts = sum(texts for _, texts, _ in results)
     return {"server": server.name, "clients": clients, "seconds": elapsed, "requests": len(results),
-            "texts_per_s": sum(texts for _, texts, _ in results) / elapsed, "p50_ms": percentile(50),
+            "texts_per_s": texts / elapsed, "server_cpu_ms_per_text": 1000 * server_cpu / max(1, texts),
+            "p50_ms": percentile(50),
             "p95_ms": percentile(95), "errors": len(errors), "first_error": errors[0] if errors else "",
             "client_cpu_ms_per_request": 1000 * client_cpu / max(1, len(results)), "rss_mib": server.rss_mib(),
             "load": os.getloadavg()[0]}
 
 
-def metric_lines(server, word):
+def metric_value(server, name):
+    """One sample of /metrics (e.g. ldlm_batch_requests_sum), or None."""
     status, text = server.get("/metrics")
-    return [line for line in text.splitlines() if word in line and not line.startswith("#")] if status == 200 else []
+    for line in text.splitlines() if status == 200 else []:
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+WORKER_METRICS = ("ldlm_batch_requests_sum", "ldlm_batch_requests_count", "ldlm_batch_seconds_total",
+                  "ldlm_batch_window_seconds_total")
+
+
+def worker_now(server):
+    """The server's counters of its batches so far: requests, batches, seconds in batches and in windows."""
+    return [metric_value(server, name) or 0 for name in WORKER_METRICS]
+
+
+def spread(values, fmt):
+    """median [min, max]"""
+    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}, {max(values):{fmt}}]"
 
 
 def main():
@@ -176,7 +208,9 @@ def main():
     parser.add_argument("--duration", type=float, default=60, help="seconds per run (default 60)")
     parser.add_argument("--warmup", type=float, default=10, help="seconds of warm-up per server at the most clients")
     parser.add_argument("--clients", default="1,4,16", help="concurrent clients per run, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="paired rounds per client count (default 3)")
     parser.add_argument("--n", type=int, default=1, help="texts per request")
+    parser.add_argument("--batching", default="", help="more options of the batching server, e.g. \"--batch-window-ms 0\"")
     parser.add_argument("--out", help="write the results as Markdown here (default: stdout only)")
     parser.add_argument("--note", default="", help="a line for the results file (e.g. what else ran on the machine)")
     args = parser.parse_args()
@@ -184,8 +218,10 @@ def main():
     body = {"text": TEXT, "n": args.n, "stream": False}
 
     servers = []
+    load_before = os.getloadavg()[0]
     try:
-        servers = [Server(args.ldlm, [], "batching"), Server(args.ldlm, ["--max-batch", "1"], "max-batch 1")]
+        servers = [Server(args.ldlm, args.batching.split(), "batching"),
+                   Server(args.ldlm, ["--max-batch", "1"], "max-batch 1")]
         rss_start = {}
         for server in servers:
             print(f"{server.name}: warm-up {args.warmup:.0f} s at {max(levels)} clients", flush=True)
@@ -194,14 +230,23 @@ def main():
                 raise RuntimeError(f"{server.name}: {warm['errors']} errors in the warm-up, the first: {warm['first_error']}")
             rss_start[server.name] = server.rss_mib()
         rows = []
-        for position, clients in enumerate(levels):
-            for server in (servers if position % 2 == 0 else servers[::-1]):
-                row = run(server, clients, args.duration, body)
-                rows.append(row)
-                print(f"{row['server']:>12} {clients:>3} clients: {row['texts_per_s']:7.2f} texts/s, p50 "
-                      f"{row['p50_ms']:7.1f} ms, p95 {row['p95_ms']:7.1f} ms, {row['errors']} errors "
-                      f"{row['first_error']}, RSS {row['rss_mib']:.1f} MiB", flush=True)
-        batch_metrics = metric_lines(servers[0], "batch")
+        for round_ in range(args.rounds):
+            for position, clients in enumerate(levels):
+                for server in (servers if (round_ + position) % 2 == 0 else servers[::-1]):
+                    before = worker_now(server)
+                    row = run(server, clients, args.duration, body)
+                    requests, batches, in_batches, in_windows = (a - b for a, b in zip(worker_now(server), before))
+                    row["round"] = round_ + 1
+                    row["requests_per_batch"] = requests / batches if batches else float("nan")
+                    row["busy_pct"] = 100 * in_batches / row["seconds"]
+                    row["window_pct"] = 100 * in_windows / row["seconds"]
+                    rows.append(row)
+                    print(f"round {round_ + 1} {row['server']:>12} {clients:>3} clients: {row['texts_per_s']:7.2f} "
+                          f"texts/s, p50 {row['p50_ms']:7.1f} ms, p95 {row['p95_ms']:7.1f} ms, "
+                          f"{row['requests_per_batch']:.1f} requests/batch, worker {row['busy_pct']:.0f} % in "
+                          f"batches and {row['window_pct']:.0f} % in windows, server CPU "
+                          f"{row['server_cpu_ms_per_text']:.2f} ms/text, {row['errors']} errors "
+                          f"{row['first_error']}, RSS {row['rss_mib']:.1f} MiB, load {row['load']:.1f}", flush=True)
     finally:
         for server in servers:
             server.stop()
@@ -213,27 +258,51 @@ def main():
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, Linux {platform.release()}; "
         f"`{command}`", "",
         f"Each request: `POST /infill` `{json.dumps({**body, 'seed': 'k'})}` (2 gaps, {len(TEXT)} characters), "
-        "the demo model, the servers' defaults otherwise. Clients run on the same machine (a Python thread each, "
-        "one request after another on a kept-alive connection), paired runs in ABBA order. The load average "
-        f"(1 minute, of the whole machine: {os.cpu_count()} CPUs) shows what else ran.", ""]
+        "the demo model, the servers' defaults otherwise"
+        + (f" (the batching server also `{args.batching}`)" if args.batching else "") + ". Clients run on the same "
+        "machine (a Python thread each, one request after another on a kept-alive connection). "
+        f"{args.rounds} rounds of {args.duration:.0f} s runs; in each round and at each client count the two servers run "
+        "back to back, the batching one first and second in turn (ABBA), so a drift of the machine's speed falls "
+        f"on both. The load average (1 minute, of the whole machine: {os.cpu_count()} CPUs) shows what else ran: "
+        f"{load_before:.1f} before the warm-up, {os.getloadavg()[0]:.1f} at the end.", ""]
     if args.note:
         lines += [args.note, ""]
-    lines += ["| server | clients | requests | texts/s | p50 ms | p95 ms | errors | RSS after MiB | client CPU ms/request "
-              "| load average at the end |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        lines.append(f"| {row['server']} | {row['clients']} | {row['requests']} | {row['texts_per_s']:.2f} | "
-                     f"{row['p50_ms']:.1f} | {row['p95_ms']:.1f} | {row['errors']} | {row['rss_mib']:.1f} | "
-                     f"{row['client_cpu_ms_per_request']:.2f} | {row['load']:.1f} |")
-    lines += ["", "Batching against one request at a time (texts/s, same number of clients):", ""]
+    lines += ["Medians over the rounds [min, max]:", "",
+              "| clients | server | texts/s | p50 ms | p95 ms | requests per batch | server CPU ms per text "
+              "| errors (all rounds) |",
+              "|---:|---|---|---|---|---|---|---:|"]
     for clients in levels:
-        pair = {row["server"]: row["texts_per_s"] for row in rows if row["clients"] == clients}
-        lines.append(f"- {clients} client{'s' if clients > 1 else ''}: {pair['batching'] / pair['max-batch 1']:.2f}×")
+        for server in servers:
+            mine = [row for row in rows if row["clients"] == clients and row["server"] == server.name]
+            lines.append(f"| {clients} | {server.name} | {spread([r['texts_per_s'] for r in mine], '.1f')} | "
+                         f"{spread([r['p50_ms'] for r in mine], '.1f')} | {spread([r['p95_ms'] for r in mine], '.1f')} | "
+                         f"{spread([r['requests_per_batch'] for r in mine], '.1f')} | "
+                         f"{spread([r['server_cpu_ms_per_text'] for r in mine], '.2f')} | {sum(r['errors'] for r in mine)} |")
+    lines += ["", "Batching against one request at a time (texts/s of the same round and client count), median "
+              "[min, max] over the rounds:", ""]
+    for clients in levels:
+        ratios = []
+        for round_ in range(1, args.rounds + 1):
+            pair = {row["server"]: row["texts_per_s"] for row in rows
+                    if row["clients"] == clients and row["round"] == round_}
+            ratios.append(pair["batching"] / pair["max-batch 1"])
+        lines.append(f"- {clients} client{'s' if clients > 1 else ''}: {spread(ratios, '.2f')}×")
     lines += ["", "RSS (MiB) after the warm-up, then after the last run:", ""]
     for server in servers:
         last = [row["rss_mib"] for row in rows if row["server"] == server.name][-1]
         lines.append(f"- {server.name}: {rss_start[server.name]:.1f} → {last:.1f}")
-    if batch_metrics:
-        lines += ["", "The batching server's batch sizes at the end (`/metrics`):", "", "```"] + batch_metrics + ["```"]
+    lines += ["", "Every run, in the order it ran:", "",
+              "| round | clients | server | requests | texts/s | p50 ms | p95 ms | requests per batch | "
+              "worker % in batches | worker % in windows | server CPU ms per text | errors | RSS after MiB | "
+              "client CPU ms/request | load average at the end |",
+              "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['round']} | {row['clients']} | {row['server']} | {row['requests']} | "
+                     f"{row['texts_per_s']:.2f} | {row['p50_ms']:.1f} | {row['p95_ms']:.1f} | "
+                     f"{row['requests_per_batch']:.1f} | {row['busy_pct']:.0f} | {row['window_pct']:.0f} | "
+                     f"{row['server_cpu_ms_per_text']:.2f} | {row['errors']} | "
+                     f"{row['rss_mib']:.1f} | "
+                     f"{row['client_cpu_ms_per_request']:.2f} | {row['load']:.1f} |")
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -3,8 +3,8 @@
 server on a free loopback port (--port 0; it prints the port), talks to it with the
 standard library's http.client and stops it. No third-party module.
 
-usage: test_server.py LDLM_BINARY CASE   (CASE: endpoints, streaming, batching, limits,
-                                          disconnect, drain)
+usage: test_server.py LDLM_BINARY CASE   (CASE: endpoints, streaming, batching, window,
+                                          limits, disconnect, drain)
 
 Every wait is bounded in count and in time (TIME_SCALE stretches the bounds, for the
 sanitizer builds)."""
@@ -136,6 +136,29 @@ def read_events(res, limit=10000):
     return events
 
 
+def check_kept_alive(s):
+    """One kept-alive connection carries many requests, each answered at once: httplib's
+    default closes it after 5 (every client then reconnects, into a listen backlog of 5),
+    and without TCP_NODELAY an answer's body waits for the client's delayed ACK of its
+    header (about 40 ms)."""
+    conn = s.connection()
+    latencies = []
+    for k in range(12):
+        started = time.monotonic()
+        conn.request("POST", "/tokenize", body=json.dumps({"text": f"Hello {k}"}),
+                     headers={"Content-Type": "application/json"})
+        res = conn.getresponse()
+        res.read()
+        latencies.append(time.monotonic() - started)
+        check(res.status == 200, f"/tokenize {k}: {res.status}")
+        check(res.getheader("Connection", "").lower() != "close", f"the server closed the connection after {k + 1} requests")
+    conn.close()
+    median_ms = 1000 * sorted(latencies)[len(latencies) // 2]
+    print(f"/tokenize on one kept-alive connection: median {median_ms:.1f} ms, worst {1000 * max(latencies):.1f} ms")
+    check(median_ms < 25, f"/tokenize took {median_ms:.1f} ms (median of 12; expected < 25 ms, about 40 ms is Nagle's "
+          "algorithm waiting for a delayed ACK)")
+
+
 def case_endpoints():
     s = Server("--threads", "2")
     try:
@@ -167,6 +190,7 @@ def case_endpoints():
 
         status, _, tok = s.post("/tokenize", {"text": "Hello world"})
         check(status == 200 and tok == {"ids": [15496, 995]}, f"tokenize: {tok}")
+        check_kept_alive(s)
         status, _, detok = s.post("/detokenize", {"ids": [15496, 995]})
         check(status == 200 and detok == {"text": "Hello world"}, f"detokenize: {detok}")
 
@@ -305,6 +329,62 @@ def case_batching():
             check(alone["timings"]["batch_requests"] == 1, "one by one")
             check(answer["texts"] == alone["texts"] and answer["ids"] == alone["ids"],
                   f"seed {body['seed']}: in a batch {answer['texts']}, alone {alone['texts']}")
+    finally:
+        check(s.stop() == 0, "exit status")
+
+
+def case_window():
+    """The collection window (--batch-window-ms): requests that come back within it after a
+    batch share the next batch, a lone client is not delayed, and the wait is bounded."""
+    window_s = 1.0 * TIME_SCALE
+    s = Server("--threads", "2", "--max-batch", "4", "--batch-window-ms", str(int(window_s * 1000)))
+    try:
+        body = {"text": PROMPT, "steps": 3}
+        # A lone client: its own request is all the window expects, so each runs at once.
+        for seed in range(3):
+            answer = s.post("/infill", dict(body, seed=seed))[2]
+            check(answer["timings"]["queue_ms"] < 0.3 * window_s * 1000,
+                  f"a lone client waited {answer['timings']['queue_ms']:.0f} ms (window {window_s * 1000:.0f} ms)")
+        # A batch of four (they wait together behind a long request).
+        held = {}
+        blocker = long_request(s, "/infill", HOLD, held, "blocker")
+        wait_for(lambda: s.metric("ldlm_running_requests") == 1, "the blocker to run")
+        first = concurrently(s, [dict(body, seed=10 + k) for k in range(4)])
+        blocker.join(timeout=120 * TIME_SCALE)
+        check(held["blocker"][0] == 200 and [r[0] for r in first] == [200] * 4, "the first batches")
+        check([r[2]["timings"]["batch_requests"] for r in first] == [4] * 4, "four waited together")
+        # Its four clients come back one after another, 0.1 s apart (a loaded server sees
+        # them a few ms apart): without the window the first would run alone; with it the
+        # four share one batch.
+        batches_before = s.metric("ldlm_batch_requests_count")
+        results = [None] * 4
+
+        def later(k):
+            time.sleep(0.1 * k)
+            results[k] = s.post("/infill", dict(body, seed=20 + k))
+
+        threads = [threading.Thread(target=later, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60 * TIME_SCALE)
+        check(all(r is not None and r[0] == 200 for r in results), f"the window's requests: {results}")
+        sizes = [r[2]["timings"]["batch_requests"] for r in results]
+        print("requests per batch seen by 4 requests 0.1 s apart:", sizes)
+        check(sizes == [4] * 4, f"requests 0.1 s apart in a {window_s:.1f} s window did not share a batch: {sizes}")
+        check(s.metric("ldlm_batch_requests_count") == batches_before + 1, "/metrics: one batch for the four")
+        # Then one client alone: the window expects four, and waits for the other three no
+        # longer than the window.
+        started = time.monotonic()
+        alone = [s.post("/infill", dict(body, seed=20))[2]]
+        waited = time.monotonic() - started
+        print(f"a lone request after a batch of four took {waited:.2f} s (window {window_s:.1f} s)")
+        check(waited < 2 * window_s, f"it took {waited:.1f} s: the window ({window_s:.1f} s) is not a bound")
+        alone += [s.post("/infill", dict(body, seed=20 + k))[2] for k in range(1, 4)]
+        for k, ((_, _, answer), one) in enumerate(zip(results, alone)):
+            check(one["timings"]["batch_requests"] == 1, "one by one")
+            check(one["texts"] == answer["texts"] and one["ids"] == answer["ids"],
+                  f"seed {20 + k}: in the window's batch {answer['texts']}, alone {one['texts']}")
     finally:
         check(s.stop() == 0, "exit status")
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <csignal>
 #include <ctime>
@@ -22,6 +23,7 @@ struct ServeOptions {
   int port = 8080;
   std::optional<std::string> api_key;
   int max_batch = 16, max_queue = 64;
+  double batch_window_ms = 5;
   std::optional<int> max_length;
   double timeout = 60;
   std::int64_t max_body = 1 << 20;
@@ -45,6 +47,9 @@ const Command kServe{
                  "require 'Authorization: Bearer KEY' on every endpoint but /health and the page"),
      value_option("max-batch", "N", &ServeOptions::max_batch, {1, 4096},
                   "sequences per batch, and samples (n) per request"),
+     value_option("batch-window-ms", "MS", &ServeOptions::batch_window_ms, {0.0, 10000.0},
+                  "after a batch, how long to wait for the requests known to be about\n(the batch's clients, "
+                  "answered, and those waiting) before the next\none starts with fewer; 0: start at once"),
      value_option("max-queue", "Q", &ServeOptions::max_queue, {1, 1 << 16},
                   "sampling requests waiting; more are answered 429"),
      value_option("max-length", "T", &ServeOptions::max_length, {1, 1 << 20},
@@ -63,6 +68,10 @@ const Command kServe{
     "--weights W serves the model of a file (--config C for a file without its\n"
     "configuration, --tokenizer DIR for other tokenizer files). docs/server.md describes the\n"
     "endpoints, the batching, the limits and running several instances.\n"};
+
+/// Requests on one kept-alive connection before the server closes it (as nginx's
+/// keepalive_requests).
+inline constexpr std::size_t kKeepAliveRequests = 1000;
 
 namespace detail {
 
@@ -100,6 +109,8 @@ int run_serve(const Args& args) {
   service.api_key = o.api_key.value_or("");
   service.max_batch = o.max_batch;
   service.max_queue = o.max_queue;
+  service.batch_window =
+      std::chrono::duration_cast<server::Clock::duration>(std::chrono::duration<double, std::milli>(o.batch_window_ms));
   service.timeout = o.timeout;
   service.threads = model_options.threads.value_or(0);
   service.limits.max_batch = o.max_batch;
@@ -125,11 +136,29 @@ int run_serve(const Args& args) {
   const int http_threads = o.http_threads.value_or(o.max_queue + o.max_batch + 8);
   http.new_task_queue = [http_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(http_threads)); };
   http.set_payload_max_length(static_cast<std::size_t>(o.max_body));
+  // httplib writes an answer's header and body in two writes: with Nagle's algorithm on,
+  // the body waits for the client's delayed ACK of the header, about 40 ms on Linux, which
+  // was most of a request's latency and kept a batch's clients from coming back together.
+  http.set_tcp_nodelay(true);
+  // httplib closes a kept-alive connection after 5 requests by default: every client then
+  // reconnects every 5 requests, and the listen backlog httplib 0.11 compiles in (5) drops
+  // the SYNs of a burst of reconnections, each then retried after a second.
+  http.set_keep_alive_max_count(kKeepAliveRequests);
   const auto io = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::duration<double>(o.io_timeout));
   http.set_read_timeout(io);
   http.set_write_timeout(io);
   http.set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(o.io_timeout)));
 
+  // httplib 0.11 listens with a backlog of 5, compiled into Debian's library: a burst of
+  // new connections (16 clients starting) overflows it, and the kernel drops their
+  // handshakes (retried after a second) or resets them. A second listen() on the socket
+  // sets a larger backlog; the socket is known from the options callback, which sees it
+  // before bind.
+  int listening_socket = -1;
+  http.set_socket_options([&listening_socket](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening_socket = static_cast<int>(sock);
+  });
   int port = o.port;
   if (port == 0) {
     port = http.bind_to_any_port(o.host);
@@ -137,6 +166,8 @@ int run_serve(const Args& args) {
   } else if (!http.bind_to_port(o.host, port)) {
     throw Error("serve: cannot listen on " + o.host + ":" + std::to_string(port) + " (in use, or not an address here)");
   }
+  if (::listen(listening_socket, SOMAXCONN) != 0)
+    throw Error("serve: cannot set the listen backlog of " + o.host + ":" + std::to_string(port));
   const std::string url_host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
   std::fprintf(stderr, "ldlm serve: listening on http://%s:%d\n", url_host.c_str(), port);
   std::fflush(stderr);

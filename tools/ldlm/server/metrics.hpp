@@ -1,6 +1,7 @@
 // ldlm serve: the counters of GET /metrics, in Prometheus' text format (version 0.0.4):
-// requests by endpoint and status, the queue depth, the batch sizes, denoiser calls,
-// cancelled and timed-out requests, and the latency of requests.
+// requests by endpoint and status, the queue depth, the batch sizes, denoiser calls, the
+// worker's time in batches and in collection windows, cancelled and timed-out requests,
+// and the latency of requests.
 #pragma once
 
 #include <array>
@@ -43,11 +44,17 @@ class Metrics {
     latency_.observe(seconds);
   }
 
-  void batch_done(int sequences, int requests, int denoiser_calls) {
+  void batch_done(int sequences, int requests, int denoiser_calls, double seconds) {
     const std::lock_guard lock(mutex_);
     batch_sequences_.observe(sequences);
     batch_requests_.observe(requests);
     denoiser_calls_ += static_cast<std::uint64_t>(denoiser_calls);
+    batch_seconds_ += seconds;
+  }
+
+  void window_waited(double seconds) {
+    const std::lock_guard lock(mutex_);
+    window_seconds_ += seconds;
   }
 
   void cancelled() {
@@ -81,6 +88,13 @@ class Metrics {
            "batch.\n"
            "# TYPE ldlm_denoiser_calls_total counter\n"
         << "ldlm_denoiser_calls_total " << denoiser_calls_ << "\n";
+    out << "# HELP ldlm_batch_seconds_total Time the worker spent running batches.\n"
+           "# TYPE ldlm_batch_seconds_total counter\n"
+        << "ldlm_batch_seconds_total " << batch_seconds_ << "\n";
+    out << "# HELP ldlm_batch_window_seconds_total Time the worker waited in collection windows (--batch-window-ms) "
+           "for requests known to be about.\n"
+           "# TYPE ldlm_batch_window_seconds_total counter\n"
+        << "ldlm_batch_window_seconds_total " << window_seconds_ << "\n";
     out << "# HELP ldlm_requests_cancelled_total Sampling requests whose client went away.\n"
            "# TYPE ldlm_requests_cancelled_total counter\n"
         << "ldlm_requests_cancelled_total " << cancelled_ << "\n";
@@ -100,6 +114,7 @@ class Metrics {
   Histogram<8> batch_requests_{{1, 2, 4, 8, 16, 32, 64, 128}};
   Histogram<12> latency_{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   std::uint64_t denoiser_calls_ = 0, cancelled_ = 0, timed_out_ = 0;
+  double batch_seconds_ = 0, window_seconds_ = 0;
 };
 
 }  // namespace ldlm::server

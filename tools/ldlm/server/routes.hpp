@@ -32,7 +32,8 @@ struct ServiceOptions {
   std::string model_name = "ldlm-demo";
   std::string api_key;  // "": no key
   int max_batch = 16, max_queue = 64, max_length = 0;
-  double timeout = 60;  // seconds, from arrival to answer
+  Clock::duration batch_window = {};  // SchedulerOptions::batch_window
+  double timeout = 60;                // seconds, from arrival to answer
   int threads = 0;
   RequestLimits limits;  // filled from the above and the library's names
 };
@@ -44,7 +45,7 @@ class Service {
  public:
   explicit Service(ServiceOptions options)
       : options_(std::move(options)),
-        scheduler_({options_.max_batch, options_.max_queue, options_.threads}, metrics_),
+        scheduler_({options_.max_batch, options_.max_queue, options_.threads, options_.batch_window}, metrics_),
         files_(static_files()),
         started_(std::time(nullptr)) {
     routes_ = {{"/health", {"GET"}},    {"/metrics", {"GET"}},    {"/v1/models", {"GET"}},

@@ -4,6 +4,15 @@
 // call, up to --max-batch sequences; each gets the samples it would get alone (its own
 // seed's noise, docs/server.md §Batching).
 //
+// The collection window: clients that send their next request when their answer comes
+// back (the usual load) return a few milliseconds after their batch ends. Taken at once,
+// the next batch would hold only those that waited during the last one, and the others
+// would wait for the batch after: two half batches in turn. So after a batch, while fewer
+// sequences wait than are known to be about (the batch's own, whose clients were just
+// answered, and those that waited), the worker waits for them, at most --batch-window-ms
+// from the batch's end. A lone client is not delayed (its own request is all that is
+// expected), nor is a request that finds the server idle for longer than the window.
+//
 // Cancellation: a batch runs to its end for every request in it; a request whose client
 // went away (Job::abandon) or whose --timeout passed has its result dropped, and a batch
 // left with no request waiting for it is cancelled after the current step
@@ -123,9 +132,10 @@ class Job {
 };
 
 struct SchedulerOptions {
-  int max_batch = 16;  // sequences per batch
-  int max_queue = 64;  // requests waiting
-  int threads = 0;     // of each batch's execution context; 0: every core
+  int max_batch = 16;                 // sequences per batch
+  int max_queue = 64;                 // requests waiting
+  int threads = 0;                    // of each batch's execution context; 0: every core
+  Clock::duration batch_window = {};  // the collection window after a batch; 0: none
 };
 
 class Scheduler {
@@ -176,6 +186,14 @@ class Scheduler {
   /// sequences. Jobs past their deadline or abandoned are answered and left out.
   std::vector<std::shared_ptr<Job>> take_batch(std::unique_lock<std::mutex>& lock) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (options_.batch_window > Clock::duration::zero()) {
+      const auto gathered = [&] { return stopping_ || sequences_like_oldest() >= expected_sequences_; };
+      if (!gathered()) {
+        const Clock::time_point waited_from = Clock::now();
+        cv_.wait_until(lock, last_batch_end_ + options_.batch_window, gathered);
+        metrics_.window_waited(std::chrono::duration<double>(Clock::now() - waited_from).count());
+      }
+    }
     std::vector<std::shared_ptr<Job>> batch;
     int sequences = 0;
     const Clock::time_point now = Clock::now();
@@ -195,6 +213,20 @@ class Scheduler {
       ++it;
     }
     return batch;
+  }
+
+  /// The sequences waiting that could join the oldest job's batch (itself included).
+  int sequences_like_oldest() const {
+    int sequences = 0;
+    for (const auto& job : queue_)
+      if (job->key == queue_.front()->key) sequences += job->request.n;
+    return sequences;
+  }
+
+  int queued_sequences() const {
+    int sequences = 0;
+    for (const auto& job : queue_) sequences += job->request.n;
+    return sequences;
   }
 
   /// Answers a job that will not run: 504 past its deadline; nothing for an abandoned one.
@@ -287,6 +319,13 @@ class Scheduler {
     } catch (const std::exception& e) {
       error = ApiError(500, "server_error", e.what());
     }
+    {
+      // Before any answer goes out: a client answered may send its next request at once,
+      // and that one must count as expected, not as waiting besides.
+      const std::lock_guard lock(mutex_);
+      last_batch_end_ = Clock::now();
+      expected_sequences_ = std::min(options_.max_batch, static_cast<int>(rows) + queued_sequences());
+    }
     for (std::size_t i = 0; i < batch.size(); ++i) {
       Job& job = *batch[i];
       Job::Outcome outcome;
@@ -307,7 +346,8 @@ class Scheduler {
       }
       job.finish(std::move(outcome));
     }
-    metrics_.batch_done(static_cast<int>(rows), static_cast<int>(batch.size()), timings.denoiser_calls);
+    metrics_.batch_done(static_cast<int>(rows), static_cast<int>(batch.size()), timings.denoiser_calls,
+                        std::chrono::duration<double>(Clock::now() - started).count());
     running_ = 0;
   }
 
@@ -318,6 +358,10 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
   bool stopping_ = false;
+  // The collection window's: when the last batch ended, and the sequences then known to
+  // be about (its own and those waiting), at most max_batch.
+  Clock::time_point last_batch_end_{};
+  int expected_sequences_ = 0;
   std::atomic<std::size_t> running_{0};
   std::thread worker_;
 };
