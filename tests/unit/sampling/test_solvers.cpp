@@ -279,7 +279,7 @@ TEST(SolversStep, DeisIntegratesItsPolynomialInTime) {
   const double p[4] = {0.4, -0.2, 0.9, 0.1};
   auto lam = [&](double t) { return std::log(s.alpha(t) / s.sigma(t)); };
   auto t_of = [](double l) { return 2 / std::numbers::pi * std::atan(std::exp(-l) / 3.0); };
-  for (const auto [kind, nodes_max] : {std::pair{SamplerKind::deis_2, 2}, std::pair{SamplerKind::deis_3, 3}}) {
+  for (const auto& [kind, nodes_max] : {std::pair{SamplerKind::deis_2, 2}, std::pair{SamplerKind::deis_3, 3}}) {
     std::vector<double> x = {0.7};
     int call = 0;
     auto denoise = [&](const double*, double, const double*, double* out) { out[0] = p[call++]; };
