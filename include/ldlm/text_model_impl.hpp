@@ -65,6 +65,8 @@ struct TextModel::Impl {
   Config config;
   Tokenizer tokenizer;
   Precision precision = Precision::fp32;
+  /// The file's fitted time grids, which the schedules "fitted" and "auto" read.
+  FittedTimeGrids time_grids;
   double load_ms = 0;
 
   mutable std::mutex models_mutex;
@@ -74,11 +76,12 @@ struct TextModel::Impl {
   Impl(std::function<SafetensorsFile()> open, std::optional<Config> given, Tokenizer tok, Precision p)
       : open_weights(std::move(open)), given_config(std::move(given)), tokenizer(std::move(tok)), precision(p) {}
 
-  std::shared_ptr<const Model> load(Precision p) const {
+  std::shared_ptr<const Model> load(Precision p) const { return load(p, open_weights()); }
+  std::shared_ptr<const Model> load(Precision p, const SafetensorsFile& file) const {
     ModelLoadOptions options;
     options.config = given_config;
     options.pack = p;
-    return std::make_shared<const Model>(load_model(open_weights(), options));
+    return std::make_shared<const Model>(load_model(file, options));
   }
 
   std::shared_ptr<const Model> model(Precision p) const {
@@ -136,8 +139,10 @@ TextModel TextModel::demo(const TextModelOptions& options) {
   };
   const Precision precision = detail::text_precision("TextModel::demo", options.precision, Precision::fp32);
   auto impl = std::make_unique<Impl>(open, std::nullopt, detail::builtin_gpt2_tokenizer(), precision);
-  impl->models[static_cast<std::size_t>(precision)] = impl->load(precision);
+  const SafetensorsFile file = open();
+  impl->models[static_cast<std::size_t>(precision)] = impl->load(precision, file);
   impl->config = impl->models[static_cast<std::size_t>(precision)]->config;
+  impl->time_grids = read_time_grids(file, impl->config.t_min);
   impl->load_ms = 1e3 * clock.elapsed();
   return TextModel(std::move(impl));
 }
@@ -169,15 +174,14 @@ TextModel TextModel::open(const std::string& weights, const std::string& tokeniz
   auto impl =
       std::make_unique<Impl>([path] { return SafetensorsFile::open(path); }, given, std::move(tokenizer), precision);
   try {
-    {
-      // A foreign file is named before an LDLM is allocated for it.
-      const SafetensorsFile file = SafetensorsFile::open(path);
-      const std::string prefix = std::string(Denoiser<>::kName) + ".";
-      const auto& tensors = file.tensors();
-      if (std::none_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.name.starts_with(prefix); }))
-        throw not_weights("it has no " + prefix + "* tensor");
-    }
-    model = impl->load(precision);
+    const SafetensorsFile file = SafetensorsFile::open(path);
+    // A foreign file is named before an LDLM is allocated for it.
+    const std::string prefix = std::string(Denoiser<>::kName) + ".";
+    const auto& tensors = file.tensors();
+    if (std::none_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.name.starts_with(prefix); }))
+      throw not_weights("it has no " + prefix + "* tensor");
+    model = impl->load(precision, file);
+    impl->time_grids = read_time_grids(file, model->config.t_min);
   } catch (const FormatError& e) {
     if (std::string_view(e.what()).starts_with(op)) throw;
     throw not_weights(e.what());
@@ -220,6 +224,7 @@ std::vector<TokenIds> TextModel::Impl::run_requests(std::string_view op, std::sp
   sampler.kind = detail::named_field(op, "sampler", o.sampler, sampler.kind, find_sampler, sampler_names());
   sampler.grid.grid =
       detail::named_field(op, "schedule", o.schedule, sampler.grid.grid, find_time_grid, time_grid_names());
+  sampler.grid.fitted = time_grids;
   if (o.steps > 0) sampler.steps = o.steps;
   for (const TextRequest& request : requests) sampler.noise_groups.push_back({request.n, request.seed});
   if (o.cancel) sampler.progress = [&o](const SamplingProgress&) { return !o.cancel(); };

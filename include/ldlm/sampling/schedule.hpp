@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numbers>
 #include <optional>
 #include <span>
@@ -24,6 +26,8 @@
 #include <vector>
 
 #include "ldlm/core/error.hpp"
+#include "ldlm/io/json.hpp"
+#include "ldlm/io/safetensors.hpp"
 #include "ldlm/model/config.hpp"
 
 namespace ldlm {
@@ -120,16 +124,28 @@ struct NamedChoice {
 
 /// The spacing of a sampling time grid (docs/model.md §Time grids).
 enum class TimeGrid {
-  uniform,  // even in t
-  lambda,   // even in λ = log(α/σ) after the first step
-  karras,   // even in (σ/α)^(1/ρ) after the first step (Karras et al. 2022)
+  uniform,    // even in t
+  lambda,     // even in λ = log(α/σ) after the first step
+  karras,     // even in (σ/α)^(1/ρ) after the first step (Karras et al. 2022)
+  fitted,     // the model file's own grid for the step count (TimeGridOptions::fitted)
+  automatic,  // fitted when the model has a grid for the step count, else karras
 };
 
-inline constexpr std::array<NamedChoice<TimeGrid>, 3> kTimeGrids{{
+inline constexpr std::array<NamedChoice<TimeGrid>, 5> kTimeGrids{{
     {TimeGrid::uniform, "uniform", "even in t"},
     {TimeGrid::lambda, "lambda", "even in log(alpha/sigma) after the first step"},
     {TimeGrid::karras, "karras", "Karras' rho-grid in sigma/alpha after the first step"},
+    {TimeGrid::fitted, "fitted", "the model file's grid for the step count, fitted to the model"},
+    {TimeGrid::automatic, "auto", "fitted when the model file has a grid for the step count, else karras"},
 }};
+
+/// Grids fitted to a model offline (research/fit_time_grid.cpp), by step count: each
+/// holds steps + 1 times from 1 down to the model's t_min.
+using FittedTimeGrids = std::map<int, std::vector<double>>;
+
+/// The `__metadata__` key of a model file's fitted grid of N steps is this prefix and N
+/// ("ldlm.time_grid.10"); its value is a JSON list of the N + 1 times.
+inline constexpr std::string_view kTimeGridMetadataPrefix = "ldlm.time_grid.";
 
 inline const NamedChoice<TimeGrid>& time_grid_info(TimeGrid grid) {
   return detail::info_of(kTimeGrids, &NamedChoice<TimeGrid>::value, grid, "time grid: unknown TimeGrid");
@@ -146,14 +162,17 @@ inline std::string time_grid_names(std::string_view separator = ", ") {
   return detail::joined_names(kTimeGrids, separator);
 }
 
-/// How a grid is spaced. sigma_max and rho apply to the λ and Karras grids only.
+/// How a grid is spaced. sigma_max and rho apply to the λ and Karras grids only (and to
+/// `automatic` when it falls back to Karras').
 struct TimeGridOptions {
-  TimeGrid grid = TimeGrid::karras;
+  TimeGrid grid = TimeGrid::automatic;
   /// σ/α at t_1, where the λ and Karras grids start after the first step from t = 1;
   /// 0 takes the uniform grid's t_1 = 1 − (1 − t_min)/steps, so that the first step
   /// shrinks as steps grow and the grid converges (σ/α ≈ 19.9 at 10 steps).
   double sigma_max = 0.0;
   double rho = 7.0;  // the Karras grid's exponent
+  /// The model's fitted grids (read_time_grids), for `fitted` and `automatic`.
+  FittedTimeGrids fitted = {};
 };
 
 /// Throws InvalidArgument unless `times` has at least two entries, starts at most
@@ -195,6 +214,24 @@ inline std::vector<double> time_grid(int steps, double t_min) {
 /// With one step, every grid is {1, t_min}.
 inline std::vector<double> time_grid(int steps, double t_min, const TangentSchedule& schedule,
                                      const TimeGridOptions& options) {
+  if (options.grid == TimeGrid::fitted || options.grid == TimeGrid::automatic) {
+    const auto found = options.fitted.find(steps);
+    if (found != options.fitted.end()) {
+      if (found->second.back() != t_min)
+        throw InvalidArgument("time_grid fitted: the grid of " + std::to_string(steps) + " steps ends at t = " +
+                              std::to_string(found->second.back()) + ", the model's t_min is " + std::to_string(t_min));
+      return found->second;
+    }
+    if (options.grid == TimeGrid::fitted) {
+      std::string have;
+      for (const auto& [n, times] : options.fitted) have += (have.empty() ? "" : ", ") + std::to_string(n);
+      throw InvalidArgument("time_grid fitted: the model has no fitted grid of " + std::to_string(steps) + " steps; " +
+                            (have.empty() ? std::string("it has none") : "it has grids of " + have + " steps"));
+    }
+    TimeGridOptions karras = options;
+    karras.grid = TimeGrid::karras;
+    return time_grid(steps, t_min, schedule, karras);
+  }
   if (options.grid == TimeGrid::uniform || steps == 1) return time_grid(steps, t_min);
   std::vector<double> t = time_grid(steps, t_min);  // checks steps and t_min
   const double r_min = schedule.noise_ratio(t_min);
@@ -219,6 +256,44 @@ inline std::vector<double> time_grid(int steps, double t_min, const TangentSched
   t.front() = 1.0;
   t.back() = t_min;
   return t;
+}
+
+/// The fitted grids in a model file's `__metadata__` (kTimeGridMetadataPrefix), for a model
+/// whose t_min is `t_min`; empty when it has none. A key whose suffix is not a step count
+/// in [1, 1024], or a value that is not a JSON list of steps + 1 numbers from 1 strictly
+/// down to t_min, is a CheckpointError naming the file and the key.
+inline FittedTimeGrids read_time_grids(const SafetensorsFile& file, double t_min) {
+  FittedTimeGrids grids;
+  for (const auto& [key, value] : file.metadata()) {
+    if (!key.starts_with(kTimeGridMetadataPrefix)) continue;
+    const std::string where = "checkpoint '" + file.path() + "': __metadata__ '" + key + "'";
+    const std::string_view suffix = std::string_view(key).substr(kTimeGridMetadataPrefix.size());
+    int steps = 0;
+    const auto [end, ec] = std::from_chars(suffix.data(), suffix.data() + suffix.size(), steps);
+    if (suffix.empty() || ec != std::errc() || end != suffix.data() + suffix.size() || steps < 1 || steps > 1024)
+      throw CheckpointError(where + ": the key must end in a step count in [1, 1024]");
+    const nlohmann::json list =
+        read_json(value, [&](const JsonProblem& p) { throw CheckpointError(where + ": " + p.message); });
+    if (!list.is_array() || list.size() != static_cast<std::size_t>(steps) + 1)
+      throw CheckpointError(
+          where + ": expected a JSON list of " + std::to_string(steps + 1) + " times, got " +
+          (list.is_array() ? std::to_string(list.size()) + " entries" : std::string(list.type_name())));
+    std::vector<double> times;
+    for (const auto& t : list) {
+      if (!t.is_number()) throw CheckpointError(where + ": expected numbers, got a " + std::string(t.type_name()));
+      times.push_back(t.get<double>());
+    }
+    try {
+      check_time_grid(where, times);
+    } catch (const InvalidArgument& e) {
+      throw CheckpointError(e.what());
+    }
+    if (times.front() != 1.0 || times.back() != t_min)
+      throw CheckpointError(where + ": a grid must run from t = 1 to the model's t_min = " + std::to_string(t_min) +
+                            ", got " + std::to_string(times.front()) + " to " + std::to_string(times.back()));
+    grids.emplace(steps, std::move(times));
+  }
+  return grids;
 }
 
 }  // namespace ldlm

@@ -43,6 +43,8 @@ enum class SamplerKind {
   unipc,         // UniPC: the 2M predictor and the UniC corrector on the next call's x̂0
   unipc_3m,      // UniPC with a third-order predictor
   ipndm,         // iPNDM: fourth-order Adams–Bashforth on x̂0, lower orders to start
+  deis_2,        // DEIS tAB2: x̂0 linear in t through this step's and the last step's
+  deis_3,        // DEIS tAB3: x̂0 quadratic in t through this step's and the last two steps'
 };
 
 struct SamplerInfo {
@@ -54,7 +56,7 @@ struct SamplerInfo {
   std::string_view summary;
 };
 
-inline constexpr std::array<SamplerInfo, 11> kSamplers{{
+inline constexpr std::array<SamplerInfo, 13> kSamplers{{
     {SamplerKind::sde, "sde", 1, 1, true, "Euler-Maruyama on the reverse SDE (clipped beta)"},
     {SamplerKind::ode, "ode", 1, 1, false, "Euler on the probability-flow ODE (clipped beta)"},
     {SamplerKind::ddim, "ddim", 1, 1, false, "exact first-order exponential integrator (DPM-Solver++ 1)"},
@@ -66,6 +68,8 @@ inline constexpr std::array<SamplerInfo, 11> kSamplers{{
     {SamplerKind::unipc, "unipc", 1, 3, false, "UniPC: 2M predictor, UniC corrector (no extra call)"},
     {SamplerKind::unipc_3m, "unipc-3m", 1, 4, false, "UniPC: 3M predictor, UniC corrector (no extra call)"},
     {SamplerKind::ipndm, "ipndm", 1, 4, false, "iPNDM: Adams-Bashforth 4 on x0, lower orders to start"},
+    {SamplerKind::deis_2, "deis-2", 1, 2, false, "DEIS tAB2: x0 linear in t over the last two calls"},
+    {SamplerKind::deis_3, "deis-3", 1, 3, false, "DEIS tAB3: x0 quadratic in t over the last three calls"},
 }};
 
 /// The sampler the library and `ldlm generate` use unless told otherwise, chosen by the
@@ -325,6 +329,7 @@ inline int history_depth(SamplerKind kind) {
     case SamplerKind::dpmpp_3m:
     case SamplerKind::dpmpp_3m_sde:
     case SamplerKind::unipc_3m:
+    case SamplerKind::deis_3:
       return 2;
     case SamplerKind::ipndm:
       return 3;
@@ -465,6 +470,52 @@ void ipndm_step(SolverState<S>& s) {
   }
 }
 
+/// Gauss–Legendre's 8 nodes on [−1, 1] (±, the positive half) and their weights: exact for
+/// polynomials of degree 15.
+inline constexpr std::array<double, 4> kGaussNodes{0.1834346424956498, 0.5255324099163290, 0.7966664774136267,
+                                                   0.9602898564975363};
+inline constexpr std::array<double, 4> kGaussWeights{0.3626837833783620, 0.3137066458778873, 0.2223810344533745,
+                                                     0.1012285362903763};
+
+/// DEIS's tAB (Zhang & Chen 2023) on the data prediction: the exponential integrator's
+/// exact x' = (σ'/σ) x + σ' ∫ e^λ D dλ over the step, with D the Lagrange polynomial in t
+/// through this step's x̂0 and the `history_depth` earlier ones (fewer while the history
+/// fills). In u = e^{λ − λ'} the integral is α' ∫_{e^{−h}}^{1} D(t(u)) du, and t(u) =
+/// (2/π) atan((σ'/α') / (u D)) is analytic in u, so Gauss–Legendre gives each node's weight
+/// w_k = ∫ ℓ_k(t(u)) du to rounding: x' = (σ'/σ) x + α' Σ_k w_k D_{i−k}. The x̂0 at t = 1 is
+/// a node like any other (t is finite there, unlike λ); the step from t = 1 is ddim's.
+template <class S>
+void deis_step(SolverState<S>& s, const TangentSchedule& schedule) {
+  std::array<double, 3> nodes{s.t};
+  std::array<const S*, 3> values{s.d0};
+  int count = 1;
+  double lambda = schedule.lambda(s.t);
+  for (int k = 0; k < history_depth(s.kind) && s.history[k]; ++k, ++count) {
+    lambda -= s.h_history[k];
+    nodes[count] = schedule.time_of_lambda(lambda);
+    values[count] = s.history[k];
+  }
+  std::array<double, 3> w{};
+  const double low = std::isfinite(s.e.h) ? std::exp(-s.e.h) : 0.0, half = 0.5 * (1.0 - low);
+  const double ratio_next = schedule.noise_ratio(s.t_next);
+  for (int q = 0; q < 8; ++q) {
+    const double xi = q < 4 ? -kGaussNodes[q] : kGaussNodes[q - 4], weight = kGaussWeights[q % 4] * half;
+    const double t = schedule.time_of_noise_ratio(ratio_next / (low + half * (1.0 + xi)));
+    for (int k = 0; k < count; ++k) {
+      double basis = 1.0;
+      for (int m = 0; m < count; ++m)
+        if (m != k) basis *= (t - nodes[m]) / (nodes[k] - nodes[m]);
+      w[k] += weight * basis;
+    }
+  }
+  const double cx = s.e.sigma_ratio;
+  for (Index k = 0; k < s.n; ++k) {
+    double d = 0.0;
+    for (int j = 0; j < count; ++j) d += w[j] * double(values[j][k]);
+    s.x[k] = static_cast<S>(cx * double(s.x[k]) + s.e.alpha_next * d);
+  }
+}
+
 /// UniPC's predictor; it leaves the corrector of x_{i+1} pending until the next call.
 template <class S>
 void unipc_step(SolverState<S>& s) {
@@ -532,6 +583,9 @@ void solver_step(SolverState<S>& s, const TangentSchedule& schedule, const Call&
       return unipc_step(s);
     case SamplerKind::ipndm:
       return ipndm_step(s);
+    case SamplerKind::deis_2:
+    case SamplerKind::deis_3:
+      return deis_step(s, schedule);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ldlm/ldlm.hpp"
+#include "support/errors.hpp"
 #include "support/reference.hpp"
 #include "support/schedule_reference.hpp"
 
@@ -18,6 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
+using test::error_of;
 using test::kPi;
 using test::ref_alpha;
 using test::ref_beta;
@@ -125,6 +127,54 @@ TEST(ScheduleTimeGrid, LambdaAndKarrasGridsAreSpacedAsDocumented) {
   // λ and t: inverse functions, λ = −∞ at t = 1.
   for (double t : {0.05, 0.3, 0.7, 0.99}) EXPECT_NEAR(s.time_of_lambda(s.lambda(t)), t, 1e-14);
   EXPECT_EQ(s.lambda(1.0), -std::numeric_limits<double>::infinity());
+}
+
+/// A model file with nothing but these `__metadata__` entries.
+SafetensorsFile file_with_metadata(const std::map<std::string, std::string>& metadata) {
+  SafetensorsWriter writer;
+  for (const auto& [key, value] : metadata) writer.set_metadata(key, value);
+  const float one = 1.0f;
+  writer.add("denoiser.x", Shape{1}, &one);
+  return SafetensorsFile::from_buffer(writer.to_bytes());
+}
+
+TEST(ScheduleFittedGrid, StoredGridsAreReadAndUsedForTheirStepCount) {
+  const TangentSchedule s;
+  const SafetensorsFile file = file_with_metadata(
+      {{"ldlm.time_grid.2", "[1, 0.5, 0.05]"}, {"ldlm.time_grid.3", "[1.0, 0.9, 0.25, 0.05]"}, {"ldlm.config", "{}"}});
+  const FittedTimeGrids grids = read_time_grids(file, 0.05);
+  ASSERT_EQ(grids.size(), 2u);
+  const TimeGridOptions fitted{TimeGrid::fitted, 0.0, 7.0, grids};
+  EXPECT_EQ(time_grid(3, 0.05, s, fitted), (std::vector<double>{1.0, 0.9, 0.25, 0.05}));
+  EXPECT_EQ(time_grid(2, 0.05, s, fitted), (std::vector<double>{1.0, 0.5, 0.05}));
+  // auto: the stored grid where there is one, Karras' (with its options) elsewhere.
+  const TimeGridOptions automatic{TimeGrid::automatic, 0.0, 5.0, grids};
+  EXPECT_EQ(time_grid(3, 0.05, s, automatic), time_grid(3, 0.05, s, fitted));
+  EXPECT_EQ(time_grid(4, 0.05, s, automatic), time_grid(4, 0.05, s, TimeGridOptions{TimeGrid::karras, 0.0, 5.0}));
+  EXPECT_EQ(time_grid(10, 0.05, s, TimeGridOptions{}), time_grid(10, 0.05, s, TimeGridOptions{TimeGrid::karras}));
+  EXPECT_THAT(error_of<InvalidArgument>([&] { time_grid(4, 0.05, s, fitted); }),
+              HasSubstr("time_grid fitted: the model has no fitted grid of 4 steps; it has grids of 2, 3 steps"));
+  EXPECT_THAT(error_of<InvalidArgument>([&] { time_grid(4, 0.05, s, TimeGridOptions{TimeGrid::fitted}); }),
+              HasSubstr("it has none"));
+  EXPECT_THAT(error_of<InvalidArgument>([&] { time_grid(3, 0.1, s, fitted); }),
+              HasSubstr("the grid of 3 steps ends at t = 0.050000, the model's t_min is 0.100000"));
+  EXPECT_TRUE(read_time_grids(file_with_metadata({}), 0.05).empty());
+}
+
+TEST(ScheduleFittedGrid, BadStoredGridsAreClearErrors) {
+  const auto error = [](const std::string& key, const std::string& value) {
+    return error_of<CheckpointError>([&] { read_time_grids(file_with_metadata({{key, value}}), 0.05); });
+  };
+  EXPECT_THAT(error("ldlm.time_grid.x", "[1, 0.05]"),
+              HasSubstr("'ldlm.time_grid.x': the key must end in a step count"));
+  EXPECT_THAT(error("ldlm.time_grid.0", "[1]"), HasSubstr("a step count in [1, 1024]"));
+  EXPECT_THAT(error("ldlm.time_grid.2", "[1, 0.05]"), HasSubstr("expected a JSON list of 3 times, got 2 entries"));
+  EXPECT_THAT(error("ldlm.time_grid.1", "{\"a\": 1}"), HasSubstr("expected a JSON list of 2 times, got object"));
+  EXPECT_THAT(error("ldlm.time_grid.1", "[1, \"x\"]"), HasSubstr("expected numbers, got a string"));
+  EXPECT_THAT(error("ldlm.time_grid.1", "[1, 0.05"), HasSubstr("'ldlm.time_grid.1': not valid JSON"));
+  EXPECT_THAT(error("ldlm.time_grid.2", "[1, 0.05, 0.5]"), HasSubstr("must decrease strictly"));
+  EXPECT_THAT(error("ldlm.time_grid.1", "[0.9, 0.05]"), HasSubstr("from t = 1 to the model's t_min = 0.050000"));
+  EXPECT_THAT(error("ldlm.time_grid.1", "[1, 0.1]"), HasSubstr("got 1.000000 to 0.100000"));
 }
 
 }  // namespace
