@@ -10,6 +10,7 @@
 #include "infill.hpp"
 #include "info.hpp"
 #include "params.hpp"
+#include "quantize.hpp"
 #include "reconstruct.hpp"
 #include "serve.hpp"
 #include "tokenize.hpp"
@@ -23,11 +24,12 @@ struct Subcommand {
 };
 
 const std::vector<Subcommand>& subcommands() {
-  static const std::vector<Subcommand> all = {
-      {&kParams, run_params},     {&kForward, run_forward},       {&kCompare, run_compare},
-      {&kGenerate, run_generate}, {&kInfill, run_infill},         {&kReconstruct, run_reconstruct},
-      {&kTokenize, run_tokenize}, {&kDetokenize, run_detokenize}, {&kInfo, run_info},
-      {&kServe, run_serve}};
+  static const std::vector<Subcommand> all = {{&kParams, run_params},     {&kForward, run_forward},
+                                              {&kCompare, run_compare},   {&kGenerate, run_generate},
+                                              {&kInfill, run_infill},     {&kReconstruct, run_reconstruct},
+                                              {&kTokenize, run_tokenize}, {&kDetokenize, run_detokenize},
+                                              {&kInfo, run_info},         {&kQuantize, run_quantize},
+                                              {&kServe, run_serve}};
   return all;
 }
 

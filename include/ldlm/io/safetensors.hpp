@@ -143,6 +143,16 @@ class Mapping {
   Mapping& operator=(const Mapping&) = delete;
   ~Mapping() { reset(); }
   std::span<const std::byte> bytes() const { return {static_cast<const std::byte*>(addr_), len_}; }
+  /// Drops this process's pages of bytes [begin, begin + size) of the mapping, widened to
+  /// whole pages (a page touched again is read from the file again: the mapping is
+  /// private and never written).
+  void drop_pages(std::size_t begin, std::size_t size) const {
+    if (!addr_ || size == 0) return;
+    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto start = reinterpret_cast<std::uintptr_t>(addr_) + begin;
+    const std::uintptr_t first = start / page * page, last = (start + size + page - 1) / page * page;
+    ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // advice: a failure changes nothing
+  }
 
  private:
   void reset() {
@@ -213,6 +223,16 @@ class SafetensorsFile {
   std::span<const std::byte> bytes(std::string_view name) const {
     const TensorInfo& t = info(name);
     return data_.subspan(t.offset, t.size);
+  }
+
+  /// Lets the memory of a tensor's bytes go once they have been read: a mapped file's
+  /// pages are dropped (read from the file again if touched again), so that loading
+  /// does not keep the file resident beside the weights it filled; a file read into a
+  /// buffer (from_buffer) keeps its bytes.
+  void release(std::string_view name) const {
+    const TensorInfo& t = info(name);
+    if (mapping_.bytes().empty()) return;
+    mapping_.drop_pages(static_cast<std::size_t>(data_.data() - mapping_.bytes().data()) + t.offset, t.size);
   }
 
   /// Converts to T in {float, double, int64, int32}. Float dtypes cannot be read as integers;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -60,6 +61,16 @@ inline bool is_gpt2_buffer(std::string_view name) {
   return name == ".attn.bias" || name == ".attn.masked_bias";
 }
 
+/// `__metadata__` key of a quantized checkpoint, and its one value: every weight that
+/// Precision::int8 quantizes (nn::MatmulWeight::quantized_at_int8) is stored as I8
+/// values in its own shape under its state-dict name, with F32 scales, one per output
+/// channel, under that name + kScaleSuffix (docs/checkpoints.md §Quantized checkpoints).
+/// A parameter's name never has children in a state dict, so no parameter can be
+/// called `<weight>.scale`.
+inline constexpr std::string_view kQuantizationMetadataKey = "ldlm.quantization";
+inline constexpr std::string_view kQuantizationInt8 = "int8";
+inline constexpr std::string_view kScaleSuffix = ".scale";
+
 namespace detail {
 inline std::string file_label(const SafetensorsFile& file) { return "checkpoint '" + file.path() + "'"; }
 
@@ -67,19 +78,82 @@ inline bool is_float_dtype(DType t) {
   return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16;
 }
 
-/// Reads tensor `name` of `file` into parameter `p` after checking its shape and dtype.
+/// Whether `file` says it holds quantized weights: its `ldlm.quantization` metadata,
+/// which must be kQuantizationInt8 when present.
+inline bool is_quantized(const SafetensorsFile& file) {
+  const auto it = file.metadata().find(std::string(kQuantizationMetadataKey));
+  if (it == file.metadata().end()) return false;
+  if (it->second != kQuantizationInt8)
+    throw CheckpointError(file_label(file) + ": __metadata__ '" + std::string(kQuantizationMetadataKey) +
+                          "' must be '" + std::string(kQuantizationInt8) + "', got '" + it->second.substr(0, 64) +
+                          (it->second.size() > 64 ? "..." : "") + "'");
+  return true;
+}
+
+/// Reads the I8 tensor `name` and its scales `name + kScaleSuffix` into the matrix-product
+/// weight p, which int8 quantizes (p.load_quantized: packed as they are at int8,
+/// dequantized otherwise).
 template <class P>
-void load_tensor(const SafetensorsFile& file, const std::string& name, P& p, std::optional<Precision> pack) {
+void load_quantized_tensor(const SafetensorsFile& file, const std::string& name, P& p, std::optional<Precision> pack) {
+  const std::string t = file_label(file) + ": tensor '" + name + "' ";
+  if constexpr (requires { p.quantized_at_int8(); }) {
+    if (!p.quantized_at_int8())
+      throw CheckpointError(t +
+                            "has dtype I8, expected a floating dtype: only the weights int8 quantizes are stored "
+                            "quantized (docs/checkpoints.md)");
+    if (!is_quantized(file))
+      throw CheckpointError(t + "has dtype I8, but the file's __metadata__ has no '" +
+                            std::string(kQuantizationMetadataKey) + "': it does not say how to read quantized weights");
+    const std::string scale_name = name + std::string(kScaleSuffix);
+    if (!file.contains(scale_name))
+      throw CheckpointError(t + "is quantized (I8) but its scales '" + scale_name + "' are missing: expected F32 " +
+                            shape_string(Shape{p.out_features()}));
+    const TensorInfo& scale = file.info(scale_name);
+    if (scale.dtype != DType::F32 || scale.shape != Shape{p.out_features()})
+      throw CheckpointError(file_label(file) + ": tensor '" + scale_name + "' (the scales of '" + name +
+                            "') expected F32 " + shape_string(Shape{p.out_features()}) + ", got " +
+                            std::string(dtype_name(scale.dtype)) + " " + shape_string(scale.shape));
+    const auto bytes = file.bytes(name);
+    p.load_quantized(reinterpret_cast<const std::int8_t*>(bytes.data()), file.read<float>(scale_name), pack);
+    file.release(name);
+  } else {
+    throw CheckpointError(t +
+                          "has dtype I8, expected a floating dtype (F32, F16, BF16 or F64): this parameter "
+                          "does not feed matrix products and is never quantized");
+  }
+}
+
+/// Reads tensor `name` of `file` into parameter `p` after checking its shape and dtype:
+/// a floating tensor, or in a quantized file (is_quantized) an I8 weight with its
+/// scales, which every weight that int8 quantizes must be there. Returns the name of
+/// the scales it read too, if any.
+template <class P>
+std::optional<std::string> load_tensor(const SafetensorsFile& file, const std::string& name, P& p,
+                                       std::optional<Precision> pack) {
   const TensorInfo& info = file.info(name);
   if (info.shape != p.shape())
     throw CheckpointError(file_label(file) + ": tensor '" + name + "' expected shape " + shape_string(p.shape()) +
                           ", got " + shape_string(info.shape));
+  if (info.dtype == DType::I8) {
+    load_quantized_tensor(file, name, p, pack);
+    return name + std::string(kScaleSuffix);
+  }
+  if constexpr (requires { p.quantized_at_int8(); }) {
+    if (p.quantized_at_int8() && is_quantized(file))
+      throw CheckpointError(file_label(file) + ": tensor '" + name + "' has dtype " +
+                            std::string(dtype_name(info.dtype)) + ", expected I8: the file's __metadata__ '" +
+                            std::string(kQuantizationMetadataKey) +
+                            "' says every weight int8 quantizes is stored "
+                            "quantized");
+  }
   if (!is_float_dtype(info.dtype))
     throw CheckpointError(file_label(file) + ": tensor '" + name + "' has dtype " +
                           std::string(dtype_name(info.dtype)) + ", expected a floating dtype (F32, F16, BF16 or F64)");
   p.allocate();
   file.read_into(name, p.data(), p.numel());
+  file.release(name);
   pack_if_matmul_weight(p, pack);
+  return std::nullopt;
 }
 
 /// "name [shape]" of each tensor in scope that no parameter claimed and that is
@@ -132,7 +206,7 @@ void load_parameters(M& module, const SafetensorsFile& file, const std::string& 
       missing.push_back(name + " " + shape_string(p.shape()));
       return;
     }
-    detail::load_tensor(file, name, p, options.pack);
+    if (const auto scales = detail::load_tensor(file, name, p, options.pack)) claimed.insert(*scales);
     claimed.insert(name);
   });
   std::vector<std::string> unexpected;

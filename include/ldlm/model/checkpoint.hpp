@@ -5,6 +5,8 @@
 //   ldlm.feature_model_init_seed  a decimal seed: the file holds no feature_model.*
 //                                 tensors, the frozen GPT-2 is the generator's
 //                                 init_parameters(feature_model, seed, "feature_model.").
+//   ldlm.quantization             'int8': the weights int8 quantizes are stored as
+//                                 I8 with F32 scales (io/state_dict.hpp reads them).
 // A configuration given by the caller must equal the file's own; a file without one
 // loads with the caller's configuration, or as ldlm-base.
 #pragma once
@@ -13,9 +15,11 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include "ldlm/core/init.hpp"
@@ -203,17 +207,41 @@ LDLM<S> load_model(const std::string& path, const ModelLoadOptions& options = {}
   return load_model<S>(SafetensorsFile::open(path), options);
 }
 
+namespace detail {
+/// x in bf16 when every value is one (bit for bit once widened), else nothing.
+inline std::optional<std::vector<bf16>> exact_bf16(const float* x, std::int64_t n) {
+  std::vector<bf16> out(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[i] = float_to_bf16(x[i]);
+    const float back = bf16_to_float(out[i]);
+    if (std::memcmp(&back, x + i, sizeof(float)) != 0) return std::nullopt;
+  }
+  return out;
+}
+}  // namespace detail
+
 /// How save_model writes a file.
 struct ModelSaveOptions {
   /// Leave the feature model out and record this generator seed instead; the feature
   /// model must hold exactly init_parameters(feature_model, seed, "feature_model.").
   std::optional<std::uint64_t> feature_model_init_seed;
+  /// Store every weight that Precision::int8 quantizes as its s8 values and per-channel
+  /// scales (quantize_channels; docs/checkpoints.md §Quantized checkpoints), marked by
+  /// `__metadata__` 'ldlm.quantization': loading it at int8 packs exactly what
+  /// quantizing the fp32 weights at load does, from a quarter of their bytes. Every
+  /// other matrix-product weight is written in BF16, the values int8 packs for its
+  /// products (rounded to nearest even), and every other parameter in BF16 where that is
+  /// exact (each of its values a bf16 value), else in F32: at int8 nothing changes.
+  bool quantize_int8 = false;
 };
 
 /// Writes every parameter under its full state-dict name with the configuration in
 /// `__metadata__`, so load_model and every `ldlm` command need no config file.
 template <class S>
 void save_model(const LDLM<S>& model, const std::string& path, const ModelSaveOptions& options = {}) {
+  if constexpr (!std::is_same_v<S, float>)
+    if (options.quantize_int8)
+      throw InvalidArgument("save_model " + path + ": int8 quantization needs a float model, this one is double");
   SafetensorsWriter writer;
   writer.set_metadata(std::string(kConfigMetadataKey), model.config.to_json().dump());
   const auto& seed = options.feature_model_init_seed;
@@ -230,8 +258,29 @@ void save_model(const LDLM<S>& model, const std::string& path, const ModelSaveOp
                               std::to_string(*seed));
     });
   }
+  if (options.quantize_int8) writer.set_metadata(std::string(kQuantizationMetadataKey), std::string(kQuantizationInt8));
   visit_parameters(model, "", [&](const std::string& name, const auto& p) {
-    if (!(seed && name.starts_with(detail::kFeatureModelPrefix))) writer.add(name, p.shape(), p.data());
+    if (seed && name.starts_with(detail::kFeatureModelPrefix)) return;
+    if constexpr (requires { p.quantized_at_int8(); } && std::is_same_v<S, float>) {
+      if (options.quantize_int8 && p.quantized_at_int8()) {
+        const S8Weight q = quantize_channels(p.matrix(), p.layout());
+        writer.add(name, DType::I8, p.shape(),
+                   std::as_bytes(std::span<const std::int8_t>(q.values.data(), q.values.size())));
+        writer.add(name + std::string(kScaleSuffix), Shape{p.out_features()}, q.scales.data());
+        return;
+      }
+      if (options.quantize_int8) {  // int8 packs it in bf16: these are the values it multiplies
+        std::vector<bf16> rounded(static_cast<std::size_t>(p.numel()));
+        to_bf16(p.data(), p.numel(), rounded.data());
+        return writer.add(name, DType::BF16, p.shape(), std::as_bytes(std::span<const bf16>(rounded)));
+      }
+    }
+    if constexpr (std::is_same_v<S, float>)
+      if (options.quantize_int8) {
+        if (auto rounded = detail::exact_bf16(p.data(), p.numel()))
+          return writer.add(name, DType::BF16, p.shape(), std::as_bytes(std::span<const bf16>(*rounded)));
+      }
+    writer.add(name, p.shape(), p.data());
   });
   writer.write(path);
 }

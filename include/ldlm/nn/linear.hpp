@@ -2,15 +2,18 @@
 // ([in, out], the transpose). Their weights are MatmulWeights: once loaded they are
 // packed for a product path and precision (ops/packed_matrix.hpp), and the forward
 // pass runs on that path, in the precision they were packed in. A module takes its
-// input as OperandRows and its output as a Destination (ops/linear.hpp); what the
-// path reads, writes and fuses is decided in ops/.
+// input as OperandRows and its output as a Destination, and calls ldlm::linear
+// (ops/linear.hpp), which decides what the path reads, writes and fuses.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ldlm/core/parameter.hpp"
 #include "ldlm/core/precision.hpp"
@@ -53,6 +56,36 @@ class MatmulWeight : public Parameter<S> {
     }
   }
 
+  /// Output channels: the scales a quantized weight has.
+  Index out_features() const { return layout_ == WeightLayout::out_in ? this->shape()[0] : this->shape()[1]; }
+
+  /// Takes values quantized per output channel (a quantized checkpoint's I8 tensor, in
+  /// this weight's shape, and its scales): at int8 they are packed as they are, the
+  /// same packing as quantizing the original at load; at any other precision (or
+  /// unpacked) the weight is their dequantization, value · scale in float.
+  void load_quantized(const std::int8_t* values, std::vector<float> scales, std::optional<Precision> precision) {
+    if (static_cast<Index>(scales.size()) != out_features())
+      throw ShapeError("MatmulWeight::load_quantized: weight " + shape_string(this->shape()) + " has " +
+                       std::to_string(out_features()) + " output channels, got " + std::to_string(scales.size()) +
+                       " scales");
+    if constexpr (std::is_same_v<S, float>) {
+      if (precision == Precision::int8 && quantize_at_int8_) {
+        packed_ = std::make_shared<const PackedMatrix>(
+            PackedMatrix::pack_quantized(values, std::move(scales), this->shape(), layout_));
+        this->release();
+        return;
+      }
+    }
+    allocate();
+    MatrixMap<S> w = this->matrix();
+    for (Index r = 0; r < w.rows(); ++r)
+      for (Index c = 0; c < w.cols(); ++c) {
+        const float scale = scales[static_cast<std::size_t>(layout_ == WeightLayout::out_in ? r : c)];
+        w(r, c) = static_cast<S>(static_cast<float>(values[r * w.cols() + c]) * scale);
+      }
+    if (precision) pack(*precision);
+  }
+
   WeightLayout layout() const { return layout_; }
   /// The precision of this weight's products: fp32 until packed.
   Precision precision() const { return packed_ ? packed_->precision() : Precision::fp32; }
@@ -61,35 +94,18 @@ class MatmulWeight : public Parameter<S> {
   /// The form of the rows its products read: bf16 rows on ProductPath::bf16_native,
   /// else S rows (and S rows until packed).
   RowForm input_form() const { return packed_ ? packed_->input_form() : RowForm::fp32; }
+  /// This weight for ldlm::linear: the packed weight once there is one, else the values.
+  LinearWeight<S> product_weight() const {
+    if constexpr (std::is_same_v<S, float>)
+      if (packed_) return *packed_;
+    return LinearWeight<S>(this->matrix(), layout_);
+  }
 
  private:
   WeightLayout layout_ = WeightLayout::out_in;
   bool quantize_at_int8_ = false;
   std::shared_ptr<const PackedMatrix> packed_;  // shared: copies of a module share one packing
 };
-
-/// x Wᵀ (+ b) into y: written (then `epilogue` on each block, see ldlm::linear), or
-/// added to a gated residual; through the packed weight once there is one
-/// (ldlm::linear_to decides what its path reads, writes and fuses).
-template <class S, class Epilogue = std::nullptr_t>
-void linear_forward(Context& ctx, const OperandRows<S>& x, const MatmulWeight<S>& w, const S* bias,
-                    const Destination<S>& y, Epilogue&& epilogue = nullptr) {
-  if constexpr (std::is_same_v<S, float>) {
-    if (const PackedMatrix* packed = w.packed())
-      return linear_to(ctx, x, *packed, bias, y, std::forward<Epilogue>(epilogue));
-  }
-  linear_to<S>(ctx, x, w.matrix(), w.layout(), bias, y, std::forward<Epilogue>(epilogue));
-}
-
-/// h = activation(x Wᵀ (+ b)) into rows of h's form (ldlm::linear_activated_to).
-template <class S>
-void linear_forward_activated(Context& ctx, const OperandRows<S>& x, const MatmulWeight<S>& w, const S* bias,
-                              Activation activation, const OperandBuffer<S>& h) {
-  if constexpr (std::is_same_v<S, float>) {
-    if (const PackedMatrix* packed = w.packed()) return linear_activated_to(ctx, x, *packed, bias, activation, h);
-  }
-  linear_activated_to<S>(ctx, x, w.matrix(), w.layout(), bias, activation, h);
-}
 
 template <class S = float>
 struct Linear {
@@ -114,16 +130,11 @@ struct Linear {
     if (has_bias) f(prefix + "bias", bias);
   }
 
-  /// y[M, out] = x[M, in] Wᵀ (+ b), written (then epilogue, see ldlm::linear) or added
-  /// to a gated residual. y must not alias x.
+  /// y[M, out] = x[M, in] Wᵀ (+ b): written (then epilogue), added to a gated
+  /// residual, or activated into the next product's rows (ldlm::linear). y must not alias x.
   template <class Epilogue = std::nullptr_t>
   void forward(Context& ctx, const OperandRows<S>& x, const Destination<S>& y, Epilogue&& epilogue = nullptr) const {
-    linear_forward<S>(ctx, x, weight, bias_data(), y, std::forward<Epilogue>(epilogue));
-  }
-  /// h = activation(x Wᵀ (+ b)), in h's form.
-  void forward_activated(Context& ctx, const OperandRows<S>& x, Activation activation,
-                         const OperandBuffer<S>& h) const {
-    linear_forward_activated<S>(ctx, x, weight, bias_data(), activation, h);
+    ldlm::linear<S>(ctx, x, weight.product_weight(), bias_data(), y, std::forward<Epilogue>(epilogue));
   }
   RowForm input_form() const { return weight.input_form(); }
 };
@@ -150,11 +161,7 @@ struct Conv1D {
 
   template <class Epilogue = std::nullptr_t>
   void forward(Context& ctx, const OperandRows<S>& x, const Destination<S>& y, Epilogue&& epilogue = nullptr) const {
-    linear_forward<S>(ctx, x, weight, bias_data(), y, std::forward<Epilogue>(epilogue));
-  }
-  void forward_activated(Context& ctx, const OperandRows<S>& x, Activation activation,
-                         const OperandBuffer<S>& h) const {
-    linear_forward_activated<S>(ctx, x, weight, bias_data(), activation, h);
+    ldlm::linear<S>(ctx, x, weight.product_weight(), bias_data(), y, std::forward<Epilogue>(epilogue));
   }
   RowForm input_form() const { return weight.input_form(); }
 };

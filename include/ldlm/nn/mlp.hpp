@@ -24,7 +24,7 @@ void up_activate_down(Context& ctx, const OperandRows<S>& x, const Up& up, Activ
   Arena::Scope scope(ctx.arena());
   const auto h = OperandBuffer<S>::allocate(ctx.arena(), x.rows(), up.out_features(),
                                             common_form(up.input_form(), down.input_form()));  // [rows, h]
-  up.forward_activated(ctx, x, activation, h);
+  up.forward(ctx, x, ActivatedRows<S>{h, activation});
   down.forward(ctx, h, y);
 }
 }  // namespace detail

@@ -5,15 +5,17 @@
 // each product runs on one thread. Products of few rows are split by output columns
 // instead: plain weights always, packed ones where their layout allows it (bf16).
 //
-// A packed weight's ProductPath decides what its products read and write; the
-// functions here take rows in any form its path reads (OperandRows) and send the
-// result where it goes (Destination), fusing what the path can fuse and doing the
-// rest in separate passes of the same arithmetic.
+// One entry point, linear(): rows in any form the weight's path reads (OperandRows),
+// a weight packed or plain (LinearWeight; a packed weight's ProductPath, fp32, bf16 or
+// int8 kernels, was chosen once when it was packed), and where the result goes
+// (Destination), fusing what the path can fuse and doing the rest in separate passes
+// of the same arithmetic.
 #pragma once
 
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -28,45 +30,6 @@
 #include "ldlm/ops/packed_matrix.hpp"
 
 namespace ldlm {
-
-/// y[M, N] = x[M, K] · W (+ bias[N]), with W = w^T for out_in ([N, K]) and W = w for
-/// in_out ([K, N]). bias may be null. y must not alias x or w. `epilogue`, if
-/// given, runs on each finished block of y (a [rows, cols] MatRef) inside the
-/// task that computed it, so an activation costs no extra pass over threads;
-/// it may run concurrently on disjoint blocks.
-template <class S, class Epilogue = std::nullptr_t>
-void linear(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> w, const S* bias, MatRef<S> y,
-            WeightLayout layout = WeightLayout::out_in, Epilogue&& epilogue = nullptr) {
-  const Index M = x.rows();
-  const Index N = layout == WeightLayout::out_in ? w.rows() : w.cols();
-  const Index K = layout == WeightLayout::out_in ? w.cols() : w.rows();
-  if (x.cols() != K || y.rows() != M || y.cols() != N)
-    throw ShapeError("linear: x " + shape_string(Shape{M, x.cols()}) + ", weight " +
-                     shape_string(Shape{w.rows(), w.cols()}) + ", y " + shape_string(Shape{y.rows(), y.cols()}) +
-                     " do not fit");
-  // Split rows when there are enough of them for every thread, else split columns.
-  const int threads = ctx.threads();
-  const bool by_rows = M >= 32 * threads;
-  const Index extent = by_rows ? M : N;
-  const Index parts = std::min<Index>(threads, std::max<Index>(1, extent / 16));
-  const Index chunk = (extent + parts - 1) / parts;
-  ctx.pool().parallel_for(parts, [&](Index part, int) {
-    const Index begin = part * chunk, len = std::min(chunk, extent - begin);
-    if (len <= 0) return;
-    const Index r0 = by_rows ? begin : 0, rows = by_rows ? len : M;
-    const Index c0 = by_rows ? 0 : begin, cols = by_rows ? N : len;
-    MatRef<S> out = y.block(r0, c0, rows, cols);
-    // The bias goes in first and the product accumulates onto it (beta = 1): one
-    // pass over y instead of a zero fill plus a bias pass.
-    if (bias) out.rowwise() = ConstRowVectorMap<S>(bias + c0, cols);
-    const S beta = bias ? S(1) : S(0);
-    if (layout == WeightLayout::out_in)
-      gemm<S>(x.middleRows(r0, rows), w.middleRows(c0, cols), true, S(1), beta, out);
-    else
-      gemm<S>(x.middleRows(r0, rows), w.middleCols(c0, cols), false, S(1), beta, out);
-    if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(out);
-  });
-}
 
 /// Where a product's result goes in a gated residual block: residual[r] +=
 /// gate[r / T] ⊙ result[r], for rows r = (b, t) of B sequences of T. residual is
@@ -154,6 +117,14 @@ class OperandBuffer {
   RowForm form_ = RowForm::fp32;
 };
 
+/// Where a product writes the next product's operand: activation(x · W (+ bias)),
+/// computed in fp32 and rounded to bf16 (if at all) once, into rows of `rows`' form.
+template <class S>
+struct ActivatedRows {
+  OperandBuffer<S> rows;
+  Activation activation = Activation::none;
+};
+
 /// The first element of the dense rows OperandBuffer::write hands out.
 inline bf16* dense_data(bf16* rows) { return rows; }
 template <class S>
@@ -161,8 +132,9 @@ S* dense_data(MatrixMap<S> rows) {
   return rows.data();
 }
 
-/// Where a module's result rows go: written to y, or added to a gated residual.
-/// Any matrix converts to it implicitly, and so does a GatedResidual.
+/// Where a product's result rows go: written to y, added to a gated residual, or
+/// written activated as the next product's rows. Any matrix converts to it implicitly,
+/// and so do a GatedResidual and ActivatedRows.
 template <class S>
 class Destination {
  public:
@@ -177,14 +149,15 @@ class Destination {
     gate_ = out.gate.data(), gate_rows_ = out.gate.rows(), gate_cols_ = out.gate.cols();
     gate_stride_ = out.gate.outerStride(), T_ = out.T;
   }
+  Destination(const ActivatedRows<S>& out)  // NOLINT(google-explicit-constructor)
+      : rows_(out.rows.rows()), cols_(out.rows.cols()), activated_(out) {}
 
   Index rows() const { return rows_; }
   Index cols() const { return cols_; }
-  /// The rows written, or the residual added to.
-  StridedMap<S> rows_map() const { return StridedMap<S>(data_, rows_, cols_, Eigen::OuterStride<>(stride_)); }
-  /// f(MatRef<S> y) or, when gated, f(GatedResidual<S>).
+  /// f(MatRef<S> y), or f(GatedResidual<S>), or f(ActivatedRows<S>).
   template <class F>
   decltype(auto) visit(F&& f) const {
+    if (activated_) return f(*activated_);
     if (gate_) {
       const ConstStridedMap<S> gate(gate_, gate_rows_, gate_cols_, Eigen::OuterStride<>(gate_stride_));
       return f(GatedResidual<S>{rows_map(), gate, T_});
@@ -197,7 +170,51 @@ class Destination {
   Index rows_ = 0, cols_ = 0, stride_ = 0;
   const S* gate_ = nullptr;
   Index gate_rows_ = 0, gate_cols_ = 0, gate_stride_ = 0, T_ = 0;
+  std::optional<ActivatedRows<S>> activated_;
+
+  StridedMap<S> rows_map() const { return StridedMap<S>(data_, rows_, cols_, Eigen::OuterStride<>(stride_)); }
 };
+
+namespace detail {
+/// y[M, N] = x[M, K] · W (+ bias[N]), with W = w^T for out_in ([N, K]) and W = w for
+/// in_out ([K, N]). bias may be null. y must not alias x or w. `epilogue`, if
+/// given, runs on each finished block of y (a [rows, cols] MatRef) inside the
+/// task that computed it, so an activation costs no extra pass over threads;
+/// it may run concurrently on disjoint blocks.
+template <class S, class Epilogue>
+void linear_plain(Context& ctx, ConstMatRef<S> x, ConstMatRef<S> w, const S* bias, MatRef<S> y, WeightLayout layout,
+                  Epilogue&& epilogue) {
+  const Index M = x.rows();
+  const Index N = layout == WeightLayout::out_in ? w.rows() : w.cols();
+  const Index K = layout == WeightLayout::out_in ? w.cols() : w.rows();
+  if (x.cols() != K || y.rows() != M || y.cols() != N)
+    throw ShapeError("linear: x " + shape_string(Shape{M, x.cols()}) + ", weight " +
+                     shape_string(Shape{w.rows(), w.cols()}) + ", y " + shape_string(Shape{y.rows(), y.cols()}) +
+                     " do not fit");
+  // Split rows when there are enough of them for every thread, else split columns.
+  const int threads = ctx.threads();
+  const bool by_rows = M >= 32 * threads;
+  const Index extent = by_rows ? M : N;
+  const Index parts = std::min<Index>(threads, std::max<Index>(1, extent / 16));
+  const Index chunk = (extent + parts - 1) / parts;
+  ctx.pool().parallel_for(parts, [&](Index part, int) {
+    const Index begin = part * chunk, len = std::min(chunk, extent - begin);
+    if (len <= 0) return;
+    const Index r0 = by_rows ? begin : 0, rows = by_rows ? len : M;
+    const Index c0 = by_rows ? 0 : begin, cols = by_rows ? N : len;
+    MatRef<S> out = y.block(r0, c0, rows, cols);
+    // The bias goes in first and the product accumulates onto it (beta = 1): one
+    // pass over y instead of a zero fill plus a bias pass.
+    if (bias) out.rowwise() = ConstRowVectorMap<S>(bias + c0, cols);
+    const S beta = bias ? S(1) : S(0);
+    if (layout == WeightLayout::out_in)
+      gemm<S>(x.middleRows(r0, rows), w.middleRows(c0, cols), true, S(1), beta, out);
+    else
+      gemm<S>(x.middleRows(r0, rows), w.middleCols(c0, cols), false, S(1), beta, out);
+    if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>) epilogue(out);
+  });
+}
+}  // namespace detail
 
 namespace detail {
 /// Runs product(r0, rows, scratch) over blocks of x's M rows, one per thread, in
@@ -264,21 +281,6 @@ void linear_rows(Context& ctx, const Rows& x, const PackedMatrix& w, const float
 
 }  // namespace detail
 
-/// y[M, N] = x[M, K] · W (+ bias[N]) with a packed weight, then `epilogue` on each
-/// finished block of y, as above: of rows, or of columns when the rows are too few
-/// for the threads. x is float rows, or bf16 rows for a bf16_native weight. y must
-/// not alias x.
-template <class Epilogue = std::nullptr_t>
-void linear(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias, MatRef<float> y,
-            Epilogue&& epilogue = nullptr) {
-  detail::linear_rows(ctx, x, w, bias, y, std::forward<Epilogue>(epilogue));
-}
-template <class Epilogue = std::nullptr_t>
-void linear(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, MatRef<float> y,
-            Epilogue&& epilogue = nullptr) {
-  detail::linear_rows(ctx, x, w, bias, y, std::forward<Epilogue>(epilogue));
-}
-
 namespace detail {
 inline void check_gated_residual(Index x_rows, Index x_cols, const PackedMatrix& w, const GatedResidual<float>& out) {
   check_packed_shapes(x_rows, x_cols, w, out.residual.rows(), out.residual.cols());
@@ -303,7 +305,6 @@ void split_gated_rows(Context& ctx, const GatedResidual<float>& out, const Packe
     }
   });
 }
-}  // namespace detail
 
 /// out.residual += gate ⊙ (x · W (+ bias)), which `product(y)` writes: the unfused
 /// order, the product into the arena and then gated_residual_add.
@@ -318,127 +319,136 @@ void gated_add_unfused(Context& ctx, Index rows, Index cols, const GatedResidual
 /// out.residual += gate ⊙ (x · W (+ bias)). A bf16_native weight adds in its product,
 /// in one pass over a dense residual (ProductOutput::gated_add); every other case
 /// takes the unfused order. x must not alias the residual.
-namespace detail {
 template <class Rows>
 void gated_add_rows(Context& ctx, const Rows& x, const PackedMatrix& w, const float* bias,
                     const GatedResidual<float>& out) {
-  detail::check_gated_residual(detail::row_count(x), detail::col_count(x), w, out);
+  check_gated_residual(row_count(x), col_count(x), w, out);
   if (w.path() != ProductPath::bf16_native || out.residual.outerStride() != out.residual.cols())
-    return gated_add_unfused<float>(ctx, detail::row_count(x), w.out_features(), out,
+    return gated_add_unfused<float>(ctx, row_count(x), w.out_features(), out,
                                     [&](MatRef<float> y) { linear_rows(ctx, x, w, bias, y, nullptr); });
   MatRef<float> residual = out.residual;
-  detail::split_gated_rows(ctx, out, w, [&](Index r0, Index rows, const float* gate, std::byte* scratch) {
-    w.multiply(detail::row_data(x, r0), detail::row_stride(x), rows, bias,
+  split_gated_rows(ctx, out, w, [&](Index r0, Index rows, const float* gate, std::byte* scratch) {
+    w.multiply(row_data(x, r0), row_stride(x), rows, bias,
                ProductOutput::gated_add(residual.row(r0).data(), residual.outerStride(), gate), scratch);
   });
-}
-}  // namespace detail
-
-inline void linear_gated_add(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias,
-                             const GatedResidual<float>& out) {
-  detail::gated_add_rows(ctx, x, w, bias, out);
-}
-/// The same on bf16 rows x.
-inline void linear_gated_add(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias,
-                             const GatedResidual<float>& out) {
-  detail::gated_add_rows(ctx, x, w, bias, out);
 }
 
 /// y[M, N] = activation(x[M, K] · W (+ bias[N])) as dense bf16 rows: the operand of
 /// the next product, written by this one on a bf16_native weight.
-namespace detail {
 template <class Rows>
 void activated_rows(Context& ctx, const Rows& x, const PackedMatrix& w, const float* bias, Activation activation,
                     bf16* y) {
-  const Index M = detail::row_count(x), N = w.out_features();
-  detail::check_packed_shapes(M, detail::col_count(x), w, M, N);
-  detail::split_packed_rows(ctx, M, w, [&](Index r0, Index rows, std::byte* scratch) {
-    w.multiply(detail::row_data(x, r0), detail::row_stride(x), rows, bias,
-               ProductOutput::activated(y + r0 * N, N, activation), scratch);
+  const Index M = row_count(x), N = w.out_features();
+  check_packed_shapes(M, col_count(x), w, M, N);
+  split_packed_rows(ctx, M, w, [&](Index r0, Index rows, std::byte* scratch) {
+    w.multiply(row_data(x, r0), row_stride(x), rows, bias, ProductOutput::activated(y + r0 * N, N, activation),
+               scratch);
   });
 }
-}  // namespace detail
 
-inline void linear_activated(Context& ctx, ConstMatRef<float> x, const PackedMatrix& w, const float* bias,
-                             Activation activation, bf16* y) {
-  detail::activated_rows(ctx, x, w, bias, activation, y);
-}
-/// The same on bf16 rows x.
-inline void linear_activated(Context& ctx, BF16Rows x, const PackedMatrix& w, const float* bias, Activation activation,
-                             bf16* y) {
-  detail::activated_rows(ctx, x, w, bias, activation, y);
-}
-
-/// The product of rows x in any form with a packed weight into `y`: written (then
-/// `epilogue` on each block), or added to a gated residual.
-template <class Epilogue = std::nullptr_t>
-void linear_to(Context& ctx, const OperandRows<float>& x, const PackedMatrix& w, const float* bias,
-               const Destination<float>& y, Epilogue&& epilogue = nullptr) {
+/// The product of rows x in any form with a packed weight into out: written (then
+/// `epilogue` on each block), added to a gated residual, or activated into rows of
+/// h's form, bf16 rows written by a bf16_native product itself or float rows activated
+/// block by block after their product (the activation in fp32 either way, rounded to
+/// bf16, if at all, once).
+template <class Out, class Epilogue>
+void packed_product(Context& ctx, const OperandRows<float>& x, const PackedMatrix& w, const float* bias, const Out& out,
+                    Epilogue&& epilogue) {
   with_rows(x, [&](const auto& rows) {
     using Rows =
         std::conditional_t<std::is_same_v<std::decay_t<decltype(rows)>, BF16Rows>, BF16Rows, ConstMatRef<float>>;
-    y.visit([&](const auto& out) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(out)>, GatedResidual<float>>) {
-        if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>)
-          throw InvalidArgument("linear: an epilogue runs on written rows, not on a gated residual");
-        detail::gated_add_rows(ctx, Rows(rows), w, bias, out);
-      } else {
-        detail::linear_rows(ctx, Rows(rows), w, bias, out, std::forward<Epilogue>(epilogue));
-      }
-    });
-  });
-}
-
-/// h = activation(x · W (+ bias)) into rows of h's form: bf16 rows written by a
-/// bf16_native product itself (linear_activated), or float rows activated block by
-/// block after their product. Either way the activation is computed in fp32 and
-/// rounded to bf16 (if at all) once.
-inline void linear_activated_to(Context& ctx, const OperandRows<float>& x, const PackedMatrix& w, const float* bias,
-                                Activation activation, const OperandBuffer<float>& h) {
-  with_rows(x, [&](const auto& rows) {
-    using Rows =
-        std::conditional_t<std::is_same_v<std::decay_t<decltype(rows)>, BF16Rows>, BF16Rows, ConstMatRef<float>>;
-    h.write([&](auto out) {
-      if constexpr (std::is_same_v<decltype(out), bf16*>)
-        detail::activated_rows(ctx, Rows(rows), w, bias, activation, out);
-      else
-        detail::linear_rows(ctx, Rows(rows), w, bias, out,
-                            per_row_epilogue<float>(activation_inplace<float>(activation)));
-    });
-  });
-}
-
-/// linear_to with a plain weight w ([out, in] or [in, out] by layout), which reads S
-/// rows: written (then `epilogue`), or added to a gated residual in the unfused order.
-template <class S, class Epilogue = std::nullptr_t>
-void linear_to(Context& ctx, const OperandRows<S>& x, ConstMatRef<S> w, WeightLayout layout, const S* bias,
-               const Destination<S>& y, Epilogue&& epilogue = nullptr) {
-  if (x.form() != RowForm::fp32)
-    throw InvalidArgument("linear: weight " + shape_string(Shape{w.rows(), w.cols()}) +
-                          ": bf16 rows need a weight packed for bf16 kernels; this one is not packed");
-  const ConstStridedMap<S> rows = x.values();
-  y.visit([&](const auto& out) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(out)>, GatedResidual<S>>) {
-      if constexpr (!std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>)
-        throw InvalidArgument("linear: an epilogue runs on written rows, not on a gated residual");
-      gated_add_unfused<S>(ctx, rows.rows(), out.residual.cols(), out,
-                           [&](MatRef<S> product) { linear<S>(ctx, rows, w, bias, product, layout); });
+    if constexpr (std::is_same_v<Out, GatedResidual<float>>) {
+      gated_add_rows(ctx, Rows(rows), w, bias, out);
+    } else if constexpr (std::is_same_v<Out, ActivatedRows<float>>) {
+      out.rows.write([&](auto h) {
+        if constexpr (std::is_same_v<decltype(h), bf16*>)
+          activated_rows(ctx, Rows(rows), w, bias, out.activation, h);
+        else
+          linear_rows(ctx, Rows(rows), w, bias, h, per_row_epilogue<float>(activation_inplace<float>(out.activation)));
+      });
     } else {
-      linear<S>(ctx, rows, w, bias, out, layout, std::forward<Epilogue>(epilogue));
+      linear_rows(ctx, Rows(rows), w, bias, out, std::forward<Epilogue>(epilogue));
     }
   });
 }
 
-/// linear_activated_to with a plain weight: S rows, activated block by block.
-template <class S>
-void linear_activated_to(Context& ctx, const OperandRows<S>& x, ConstMatRef<S> w, WeightLayout layout, const S* bias,
-                         Activation activation, const OperandBuffer<S>& h) {
-  if (h.form() != RowForm::fp32)
+/// The same with a plain weight w ([out, in] or [in, out] by layout), which reads S
+/// rows: a gated residual adds in the unfused order, activated rows are S rows
+/// activated block by block.
+template <class S, class Out, class Epilogue>
+void plain_product(Context& ctx, const OperandRows<S>& x, ConstMatRef<S> w, WeightLayout layout, const S* bias,
+                   const Out& out, Epilogue&& epilogue) {
+  if (x.form() != RowForm::fp32)
     throw InvalidArgument("linear: weight " + shape_string(Shape{w.rows(), w.cols()}) +
-                          ": bf16 rows are written by a weight packed for bf16 kernels; this one is not packed");
-  h.write([&](auto out) {
-    if constexpr (!std::is_same_v<decltype(out), bf16*>)
-      linear_to<S>(ctx, x, w, layout, bias, out, per_row_epilogue<S>(activation_inplace<S>(activation)));
+                          ": bf16 rows need a weight packed for bf16 kernels; this one is not packed");
+  const ConstStridedMap<S> rows = x.values();
+  if constexpr (std::is_same_v<Out, GatedResidual<S>>) {
+    gated_add_unfused<S>(ctx, rows.rows(), out.residual.cols(), out,
+                         [&](MatRef<S> product) { linear_plain<S>(ctx, rows, w, bias, product, layout, nullptr); });
+  } else if constexpr (std::is_same_v<Out, ActivatedRows<S>>) {
+    if (out.rows.form() != RowForm::fp32)
+      throw InvalidArgument("linear: weight " + shape_string(Shape{w.rows(), w.cols()}) +
+                            ": bf16 rows are written by a weight packed for bf16 kernels; this one is not packed");
+    out.rows.write([&](auto h) {
+      if constexpr (!std::is_same_v<decltype(h), bf16*>)
+        linear_plain<S>(ctx, rows, w, bias, h, layout, per_row_epilogue<S>(activation_inplace<S>(out.activation)));
+    });
+  } else {
+    linear_plain<S>(ctx, rows, w, bias, out, layout, std::forward<Epilogue>(epilogue));
+  }
+}
+}  // namespace detail
+
+/// A weight as products take it: packed, with the ProductPath (fp32, bf16 or int8
+/// kernels) chosen once when it was packed (PackedMatrix, float models), or plain S
+/// values, nn.Linear's [out, in] or GPT-2 Conv1D's [in, out] by layout (a double
+/// model's, or a weight not packed). Either converts to it implicitly.
+template <class S>
+class LinearWeight {
+ public:
+  LinearWeight(const PackedMatrix& w)  // NOLINT(google-explicit-constructor): a packed weight multiplies
+      requires std::same_as<S, float> : packed_(&w) {}
+  LinearWeight(ConstMatRef<S> w, WeightLayout layout)
+      : data_(w.data()), rows_(w.rows()), cols_(w.cols()), stride_(w.outerStride()), layout_(layout) {}
+
+  /// Null for a plain weight.
+  const PackedMatrix* packed() const { return packed_; }
+  /// A plain weight's values and layout.
+  ConstStridedMap<S> values() const { return ConstStridedMap<S>(data_, rows_, cols_, Eigen::OuterStride<>(stride_)); }
+  WeightLayout layout() const { return layout_; }
+
+ private:
+  const PackedMatrix* packed_ = nullptr;
+  const S* data_ = nullptr;
+  Index rows_ = 0, cols_ = 0, stride_ = 0;
+  WeightLayout layout_ = WeightLayout::out_in;
+};
+
+/// y = x · W (+ bias[N]): the one product of rows with a weight. x is [M, K] rows in
+/// any form the weight's path reads (OperandRows: float rows, or bf16 rows for a
+/// bf16_native weight); W is w^T for [N, K] weights and w for [K, N] ones; y is where
+/// the result goes (Destination): written, then `epilogue` on each finished block of
+/// y (a [rows, cols] MatRef) inside the task that computed it, possibly concurrently on
+/// disjoint blocks; added to a gated residual; or written activated as the next
+/// product's rows (ActivatedRows). What the weight's path fuses is fused (bf16 kernels
+/// gate and activate inside their products), the rest runs in separate passes of the
+/// same arithmetic. bias may be null. y must not alias x or w.
+///
+/// Work is split over the context's threads by rows; products of few rows are split by
+/// output columns instead: plain weights always, packed ones where their layout allows
+/// it (bf16). S is float unless named (linear<double>).
+template <class S = float, class Epilogue = std::nullptr_t>
+void linear(Context& ctx, const std::type_identity_t<OperandRows<S>>& x, const std::type_identity_t<LinearWeight<S>>& w,
+            const std::type_identity_t<S>* bias, const std::type_identity_t<Destination<S>>& y,
+            Epilogue&& epilogue = nullptr) {
+  y.visit([&](const auto& out) {
+    using Out = std::decay_t<decltype(out)>;
+    if constexpr (!std::is_same_v<Out, MatRef<S>> && !std::is_same_v<std::decay_t<Epilogue>, std::nullptr_t>)
+      throw InvalidArgument("linear: an epilogue runs on written rows, not on a gated residual or activated rows");
+    if constexpr (std::is_same_v<S, float>)
+      if (const PackedMatrix* packed = w.packed())
+        return detail::packed_product(ctx, x, *packed, bias, out, std::forward<Epilogue>(epilogue));
+    detail::plain_product<S>(ctx, x, w.values(), w.layout(), bias, out, std::forward<Epilogue>(epilogue));
   });
 }
 

@@ -52,6 +52,34 @@ struct ProductOutput {
   }
 };
 
+/// A weight quantized to s8 with one scale per output channel: values in the weight's
+/// own layout ([N, K] for out_in, [K, N] for in_out), weight ≈ value · scales[channel].
+/// What Precision::int8 packs, and what a quantized checkpoint stores
+/// (docs/checkpoints.md §Quantized checkpoints).
+struct S8Weight {
+  std::vector<std::int8_t> values;
+  std::vector<float> scales;  // [N]
+};
+
+/// Quantizes each output channel of w (its K values) with quantize_s8: the one
+/// quantization of weights, so that a checkpoint quantized once holds exactly what
+/// quantizing at load packs.
+inline S8Weight quantize_channels(ConstMatRef<float> w, WeightLayout layout) {
+  const Index n = layout == WeightLayout::out_in ? w.rows() : w.cols();
+  const Index k = layout == WeightLayout::out_in ? w.cols() : w.rows();
+  S8Weight q;
+  q.values.resize(static_cast<std::size_t>(n * k));
+  q.scales.resize(static_cast<std::size_t>(n));
+  std::vector<float> channel(static_cast<std::size_t>(k));
+  std::vector<std::int8_t> quantized(static_cast<std::size_t>(k));
+  for (Index c = 0; c < n; ++c) {
+    for (Index i = 0; i < k; ++i) channel[i] = layout == WeightLayout::out_in ? w(c, i) : w(i, c);
+    q.scales[c] = quantize_s8(channel.data(), k, quantized.data());
+    for (Index i = 0; i < k; ++i) q.values[layout == WeightLayout::out_in ? c * k + i : i * n + c] = quantized[i];
+  }
+  return q;
+}
+
 /// A weight reordered once, at load, into the layout its path's kernel wants, in the
 /// precision its products run in. Immutable after packing, so one packed weight
 /// serves any number of threads.
@@ -73,9 +101,12 @@ class PackedMatrix {
       case ProductPath::bf16_native:
         p.pack_onednn(w, layout);
         break;
-      case ProductPath::int8_native:
-        p.pack_int8(w, layout);
+      case ProductPath::int8_native: {
+        S8Weight quantized = quantize_channels(w, layout);
+        p.weight_scales_ = std::move(quantized.scales);
+        p.pack_s8(quantized.values.data(), layout);
         break;
+      }
       case ProductPath::eigen: {
         Matrix<float> values = w;
         if (layout == WeightLayout::out_in) values.transposeInPlace();  // Eigen multiplies by [K, N]
@@ -84,6 +115,33 @@ class PackedMatrix {
         break;
       }
     }
+    return p;
+  }
+
+  /// An int8 weight from values already quantized (quantize_channels' form; a quantized
+  /// checkpoint's tensors): weight_shape in PyTorch order, values in that shape, one
+  /// scale per output channel. Packs what pack(w, layout, Precision::int8) packs for
+  /// the w they were quantized from.
+  static PackedMatrix pack_quantized(const std::int8_t* values, std::vector<float> scales, const Shape& weight_shape,
+                                     WeightLayout layout) {
+    if (weight_shape.size() != 2)
+      throw ShapeError("PackedMatrix::pack_quantized: a weight is a matrix, got shape " + shape_string(weight_shape));
+    PackedMatrix p;
+    p.precision_ = Precision::int8;
+    p.weight_shape_ = weight_shape;
+    p.n_ = layout == WeightLayout::out_in ? weight_shape[0] : weight_shape[1];
+    p.k_ = layout == WeightLayout::out_in ? weight_shape[1] : weight_shape[0];
+    if (static_cast<Index>(scales.size()) != p.n_)
+      throw ShapeError("PackedMatrix::pack_quantized: weight " + shape_string(weight_shape) + " has " +
+                       std::to_string(p.n_) + " output channels, got " + std::to_string(scales.size()) + " scales");
+    p.path_ = product_path(Precision::int8, p.n_, p.k_);
+    if (p.path_ == ProductPath::eigen) {  // an empty weight: nothing to quantize
+      p.plain_ = std::make_shared<const Matrix<float>>(Matrix<float>::Zero(p.k_, p.n_));
+      p.kernel_ = "eigen";
+      return p;
+    }
+    p.weight_scales_ = std::move(scales);
+    p.pack_s8(values, layout);
     return p;
   }
 
@@ -221,23 +279,18 @@ class PackedMatrix {
 #endif
   }
 
-  /// Quantizes w to s8, one scale per output channel (quantize_s8 over the channel's
-  /// K values), and reorders the s8 values for oneDNN's int8 kernels.
-  void pack_int8([[maybe_unused]] ConstMatRef<float> w, [[maybe_unused]] WeightLayout layout) {
+  /// Reorders s8 values (the weight's own layout, weight_shape_) for oneDNN's int8
+  /// kernels, with their scales.
+  void pack_s8([[maybe_unused]] const std::int8_t* values, [[maybe_unused]] WeightLayout layout) {
 #if defined(LDLM_HAVE_ONEDNN)
     namespace dd = detail::onednn;
-    std::vector<std::int8_t> quantized(static_cast<std::size_t>(n_ * k_));  // [N, K]: channel n's K values
-    std::vector<float> channel(static_cast<std::size_t>(k_));
-    weight_scales_.resize(static_cast<std::size_t>(n_));
-    for (Index n = 0; n < n_; ++n) {
-      for (Index k = 0; k < k_; ++k) channel[k] = layout == WeightLayout::out_in ? w(n, k) : w(k, n);
-      weight_scales_[n] = quantize_s8(channel.data(), k_, quantized.data() + n * k_);
-    }
     desc_ = dd::packed_weight_desc(n_, k_, dd::memory::data_type::s8);
     storage_ = Storage(desc_.get_size());
     // As a [K, N] matrix, [N, K] row-major is column-major ("ba"). The reorder also
     // writes the compensation oneDNN's s8 · s8 kernels keep after the values.
-    dd::memory plain({{k_, n_}, dd::memory::data_type::s8, dd::memory::format_tag::ba}, dd::engine(), quantized.data());
+    const auto plain_tag = layout == WeightLayout::out_in ? dd::memory::format_tag::ba : dd::memory::format_tag::ab;
+    // const_cast: a reorder only reads its source.
+    dd::memory plain({{k_, n_}, dd::memory::data_type::s8, plain_tag}, dd::engine(), const_cast<std::int8_t*>(values));
     dd::memory packed(desc_, dd::engine(), storage_.data());
     dd::SerialScope serial;
     dnnl::reorder(plain, packed).execute(dd::stream(), plain, packed);

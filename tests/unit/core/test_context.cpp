@@ -141,13 +141,13 @@ TEST(ContextConcurrentThrows, OpThatThrowsInATaskLeavesTheContextUsable) {
   for (int round = 0; round < kThrowingRounds / 3; ++round) {
     std::atomic<int> blocks{0};
     EXPECT_THAT(error_of<NumericError>([&] {
-                  linear<float>(ctx, x, w, nullptr, y, WeightLayout::out_in, [&](MatRef<float>) {
+                  linear<float>(ctx, x, {w, WeightLayout::out_in}, nullptr, y, [&](MatRef<float>) {
                     if (blocks.fetch_add(1) == round % 2) throw NumericError("epilogue: block rejected");
                   });
                 }),
                 HasSubstr("epilogue: block rejected"));
     y.setZero();
-    linear<float>(ctx, x, w, nullptr, y);
+    linear<float>(ctx, x, {w, WeightLayout::out_in}, nullptr, y);
     ASSERT_LT((y - want).cwiseAbs().maxCoeff(), 1e-4f) << "round " << round;
   }
 }

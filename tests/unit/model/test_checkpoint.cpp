@@ -1,13 +1,19 @@
 // Self-describing checkpoints (ldlm/model/checkpoint.hpp): the configuration in the
 // file's __metadata__, its resolution against a given one, files without metadata,
 // malformed metadata, the generated feature model, and GPT-2's attention buffers,
-// which every loader ignores. Parity checks use the model_small dumps with the
-// single-module float32 tolerance of parity/test_modules.cpp, |got - ref| <= 1e-5 + 1e-5·|ref|.
+// which every loader ignores; quantized checkpoints (ldlm.quantization), which at int8
+// give the outputs of quantizing at load bit for bit, and their corrupt forms. Parity checks use the model_small dumps
+// with the single-module float32 tolerance of parity/test_modules.cpp, |got - ref| <= 1e-5 + 1e-5·|ref|.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <set>
+#include <utility>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +31,7 @@ using ldlm::test::bytes_of;
 using ldlm::test::data_path;
 using ldlm::test::error_of;
 using ldlm::test::expect_matches;
+using ldlm::test::find_tensor;
 using ldlm::test::kFp32Dump;
 using ldlm::test::open_reference;
 using ldlm::test::raw_tensors;
@@ -327,6 +334,233 @@ TEST(CheckpointGpt2Buffers, ANearMissIsStillUnexpected) {
   LDLM<float> m(small_config());
   EXPECT_THAT(error_of<CheckpointError>([&] { load_module(m, file, "feature_model"); }),
               AllOf(HasSubstr("unexpected 1 tensor(s) under 'feature_model.'"), HasSubstr("attn.bias_old")));
+}
+
+// ---------------------------------------------------------------------------
+// Quantized checkpoints (ldlm.quantization)
+// ---------------------------------------------------------------------------
+
+const std::string kQuantizationKey(kQuantizationMetadataKey);
+
+/// model_small (generator seed 1) written once plain and once quantized; one of its
+/// parameters that feeds no product, the first block's norm1 gain, holds bf16 values,
+/// so the quantized file stores it as BF16.
+struct QuantizedSmall {
+  TempDir dir;
+  std::string plain = dir / "plain.safetensors", quantized = dir / "int8.safetensors";
+  QuantizedSmall() {
+    LDLM<float> original = small_model_seed1();
+    auto& gain = original.denoiser.blocks[0].norm1.weight;
+    round_to_bf16(gain.data(), gain.numel(), gain.data());
+    ModelSaveOptions save;
+    save.feature_model_init_seed = 1;
+    save_model(original, plain, save);
+    save.quantize_int8 = true;
+    save_model(original, quantized, save);
+  }
+};
+
+const std::string kBf16Gain = "denoiser.blocks.0.norm1.weight";
+
+/// The names of the matrix-product weights int8 quantizes, and of the other ones.
+std::pair<std::set<std::string>, std::set<std::string>> matmul_weight_names() {
+  std::set<std::string> quantized, other;
+  const LDLM<float> shapes(small_config());
+  visit_parameters(shapes, "", [&](const std::string& name, const auto& p) {
+    if constexpr (requires { p.quantized_at_int8(); }) (p.quantized_at_int8() ? quantized : other).insert(name);
+  });
+  return {quantized, other};
+}
+
+TEST(CheckpointQuantized, StoresTheBlocksMapsAsI8WithPerChannelScalesAndTheRestAsInt8UsesIt) {
+  const QuantizedSmall files;
+  const auto file = SafetensorsFile::open(files.quantized), plain = SafetensorsFile::open(files.plain);
+  EXPECT_EQ(file.metadata().at(kQuantizationKey), "int8");
+  const auto [maps, other_weights] = matmul_weight_names();
+  EXPECT_EQ(maps.size(), std::size_t(4 * small_config().denoiser_blocks));
+  for (const std::string& name : maps) {
+    const TensorInfo& values = file.info(name);
+    const TensorInfo& scales = file.info(name + ".scale");
+    EXPECT_EQ(values.dtype, DType::I8) << name;
+    EXPECT_EQ(values.shape, plain.info(name).shape) << name;
+    EXPECT_EQ(scales.dtype, DType::F32) << name;
+    EXPECT_EQ(scales.shape, Shape{values.shape[0]}) << name << ": one scale per output channel";
+    // The one quantization of weights, bit for bit.
+    const std::vector<float> w = plain.read<float>(name);
+    const S8Weight q =
+        quantize_channels(ConstMatrixMap<float>(w.data(), values.shape[0], values.shape[1]), WeightLayout::out_in);
+    const auto stored = file.bytes(name);
+    EXPECT_EQ(std::memcmp(stored.data(), q.values.data(), q.values.size()), 0) << name;
+    EXPECT_EQ(file.read<float>(name + ".scale"), q.scales) << name;
+  }
+  for (const TensorInfo& t : plain.tensors()) {
+    if (maps.count(t.name)) continue;
+    std::vector<float> want = plain.read<float>(t.name);
+    if (other_weights.count(t.name)) {  // what int8 packs them as: bf16, rounded to nearest even
+      EXPECT_EQ(file.info(t.name).dtype, DType::BF16) << t.name;
+      round_to_bf16(want.data(), static_cast<std::int64_t>(want.size()), want.data());
+    } else {  // lossless: BF16 only where every value is one
+      EXPECT_EQ(file.info(t.name).dtype, t.name == kBf16Gain ? DType::BF16 : DType::F32) << t.name;
+    }
+    EXPECT_EQ(file.read<float>(t.name), want) << t.name;
+  }
+  EXPECT_EQ(file.tensors().size(), plain.tensors().size() + maps.size());
+}
+
+/// x0 of the denoiser on fixed inputs.
+Tensor3<float> denoise(const LDLM<float>& m) {
+  const Index B = 2, T = 12, d = m.config.d_model;
+  Tensor3<float> x_t(B, T, d), self_cond(B, T, d);
+  for (Index i = 0; i < x_t.size(); ++i) {
+    x_t.data()[i] = std::sin(0.37f * static_cast<float>(i));
+    self_cond.data()[i] = std::cos(0.11f * static_cast<float>(i));
+  }
+  Tensor1<float> t(B);
+  t.setValues({0.3f, 0.8f});
+  Context ctx(2);
+  return m.denoiser.forward(ctx, x_t, t, self_cond);
+}
+
+bool same_values(const Tensor3<float>& a, const Tensor3<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * std::size_t(a.size())) == 0;
+}
+
+ModelLoadOptions packed_for(Precision precision) {
+  ModelLoadOptions o;
+  o.pack = precision;
+  return o;
+}
+
+TEST(CheckpointQuantized, AtInt8GivesTheOutputsOfQuantizingAtLoadBitForBit) {
+  if (!int8_unavailable_reason().empty()) GTEST_SKIP() << int8_unavailable_reason();
+  const QuantizedSmall files;
+  const LDLM<float> at_load = load_model(files.plain, packed_for(Precision::int8));
+  const LDLM<float> stored = load_model(files.quantized, packed_for(Precision::int8));
+  EXPECT_EQ(stored.denoiser.blocks[0].mlp.fc1.weight.packed()->path(), ProductPath::int8_native);
+  const Tensor3<float> x0 = denoise(at_load);
+  EXPECT_TRUE(same_values(denoise(stored), x0)) << "denoiser x0 from the quantized file differs";
+  // It is int8 at all: fp32 gives other values.
+  EXPECT_FALSE(same_values(denoise(load_model(files.plain, kPlain)), x0));
+
+  SamplerOptions options;
+  options.steps = 3;
+  options.seed = 5;
+  Context ctx(2);
+  const TokenTensor want = Pipeline<float>(at_load).generate(ctx, 2, 10, options);
+  const TokenTensor got = Pipeline<float>(stored).generate(ctx, 2, 10, options);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(std::int64_t) * std::size_t(want.size())), 0)
+      << "generate from the quantized file differs";
+}
+
+TEST(CheckpointQuantized, AtFp32AndBf16TheWeightsAreDequantized) {
+  const QuantizedSmall files;
+  const auto file = SafetensorsFile::open(files.quantized);
+  const LDLM<float> m = load_model(file, kPlain);
+  const auto& fc1 = m.denoiser.blocks[1].mlp.fc1.weight;
+  const std::string name = "denoiser.blocks.1.mlp.0.weight";
+  const auto values = file.bytes(name);
+  const std::vector<float> scales = file.read<float>(name + ".scale");
+  const ConstMatrixMap<float> w = fc1.matrix();
+  // Compared for equality, not by a difference, which the compiler may fuse with the
+  // product into one FMA (exact, so it shows the product's rounding).
+  Index differing = 0, first_r = -1, first_c = -1;
+  for (Index r = 0; r < w.rows(); ++r)
+    for (Index c = 0; c < w.cols(); ++c) {
+      const float want = static_cast<float>(static_cast<std::int8_t>(values[r * w.cols() + c])) * scales[r];
+      if (w(r, c) != want && differing++ == 0) first_r = r, first_c = c;
+    }
+  EXPECT_EQ(differing, 0) << name << ": weight = value · its output channel's scale, exactly; first differing ["
+                          << first_r << ", " << first_c << "]";
+  // bf16 packs the dequantized weights: the same as packing them from a plain file.
+  EXPECT_NO_THROW(load_model(file, packed_for(Precision::bf16)));
+}
+
+/// The quantized file with `edit` applied to its tensors, and `metadata` changed.
+std::string corrupted(const QuantizedSmall& files, const std::string& out,
+                      const std::function<void(std::vector<RawTensor>&)>& edit,
+                      std::map<std::string, std::string> metadata = {}) {
+  const auto file = SafetensorsFile::open(files.quantized);
+  std::vector<RawTensor> tensors = raw_tensors(file);
+  edit(tensors);
+  std::map<std::string, std::string> all = file.metadata();
+  for (const auto& [k, v] : metadata) {
+    if (v.empty())
+      all.erase(k);
+    else
+      all[k] = v;
+  }
+  const std::string path = files.dir / out;
+  write_tensors(tensors, path, all);
+  return path;
+}
+
+TEST(CheckpointQuantized, CorruptFilesAreRefusedNamingTheTensorExpectedAndFound) {
+  const QuantizedSmall files;
+  const std::string w = "denoiser.blocks.1.attn_out.weight", scale = w + ".scale";
+  const Index d = small_config().d_model;
+  auto refused = [&](const std::string& path) { return error_of<CheckpointError>([&] { load_model(path, kPlain); }); };
+  // The weight in F32 where the file says the blocks' maps are quantized.
+  EXPECT_THAT(refused(corrupted(files, "f32.safetensors",
+                                [&](auto& t) {
+                                  RawTensor& r = find_tensor(t, w);
+                                  r.dtype = DType::F32;
+                                  r.bytes = bytes_of(std::vector<float>(std::size_t(d * d), 0.5f));
+                                  t.erase(std::find_if(t.begin(), t.end(), [&](auto& x) { return x.name == scale; }));
+                                })),
+              AllOf(HasSubstr("'" + w + "'"), HasSubstr("has dtype F32, expected I8"), HasSubstr("ldlm.quantization")));
+  // Scales in I8, in the wrong shape, missing.
+  EXPECT_THAT(refused(corrupted(files, "i8scale.safetensors",
+                                [&](auto& t) {
+                                  RawTensor& r = find_tensor(t, scale);
+                                  r.dtype = DType::I8;
+                                  r.bytes.resize(std::size_t(d));
+                                })),
+              AllOf(HasSubstr("'" + scale + "'"), HasSubstr("expected F32 [" + std::to_string(d) + "], got I8 [")));
+  EXPECT_THAT(refused(corrupted(files, "shape.safetensors",
+                                [&](auto& t) {
+                                  RawTensor& r = find_tensor(t, scale);
+                                  r.shape = {d - 1};
+                                  r.bytes.resize(std::size_t(d - 1) * sizeof(float));
+                                })),
+              AllOf(HasSubstr("'" + scale + "'"),
+                    HasSubstr("expected F32 [" + std::to_string(d) + "], got F32 [" + std::to_string(d - 1) + "]")));
+  EXPECT_THAT(refused(corrupted(files, "missing.safetensors",
+                                [&](auto& t) {
+                                  t.erase(std::find_if(t.begin(), t.end(), [&](auto& x) { return x.name == scale; }));
+                                })),
+              AllOf(HasSubstr("'" + w + "'"), HasSubstr("'" + scale + "' are missing"),
+                    HasSubstr("expected F32 [" + std::to_string(d) + "]")));
+  // I8 without the metadata, a bad metadata value, and an I8 tensor int8 never quantizes.
+  EXPECT_THAT(refused(corrupted(files, "nometa.safetensors", [](auto&) {}, {{kQuantizationKey, ""}})),
+              AllOf(HasSubstr("has dtype I8"), HasSubstr("no 'ldlm.quantization'")));
+  EXPECT_THAT(refused(corrupted(files, "int4.safetensors", [](auto&) {}, {{kQuantizationKey, "int4"}})),
+              HasSubstr("'ldlm.quantization' must be 'int8', got 'int4'"));
+  EXPECT_THAT(refused(corrupted(files, "ada.safetensors",
+                                [&](auto& t) {
+                                  RawTensor& r = find_tensor(t, "denoiser.blocks.0.adaLN_modulation.weight");
+                                  r.dtype = DType::I8;
+                                  r.bytes.resize(r.bytes.size() / 2);
+                                })),
+              AllOf(HasSubstr("'denoiser.blocks.0.adaLN_modulation.weight' has dtype I8"),
+                    HasSubstr("only the weights int8 quantizes")));
+  // A scale whose weight is not quantized claims nothing: an unexpected tensor.
+  EXPECT_THAT(
+      refused(corrupted(
+          files, "stray.safetensors",
+          [&](auto& t) {
+            t.push_back({"denoiser.blocks.0.norm1.weight.scale", DType::F32, {1}, bytes_of(std::vector<float>{1})});
+          })),
+      HasSubstr("unexpected 1 tensor(s)"));
+}
+
+TEST(CheckpointQuantized, ADoubleModelCannotBeWrittenQuantized) {
+  TempDir dir;
+  LDLM<double> m(small_config());
+  init_parameters(m, 1, "", std::nullopt);
+  ModelSaveOptions save;
+  save.quantize_int8 = true;
+  EXPECT_THAT(error_of<InvalidArgument>([&] { save_model(m, dir / "d.safetensors", save); }),
+              HasSubstr("needs a float model"));
 }
 
 TEST(CheckpointModuleByName, UnknownNameIsAnInvalidArgument) {

@@ -209,13 +209,13 @@ TEST(GemmBf16, GatedAddsAddTheGatedProductOfEachSequenceToTheResidual) {
                           << got(at / N, at % N) << ", reference " << want(at / N, at % N);
   };
   Matrix<float> residual = start;
-  linear_gated_add(ctx, x, packed, bias.data(), GatedResidual<float>{residual, gate, T});
+  linear(ctx, x, packed, bias.data(), GatedResidual<float>{residual, gate, T});
   check(residual, "fp32 x");
 
   std::vector<bf16> xb(static_cast<std::size_t>(B * T * K));
   to_bf16(x.data(), x.size(), xb.data());
   residual = start;
-  linear_gated_add(ctx, BF16Rows{xb.data(), B * T, K, K}, packed, bias.data(), GatedResidual<float>{residual, gate, T});
+  linear(ctx, BF16Rows{xb.data(), B * T, K, K}, packed, bias.data(), GatedResidual<float>{residual, gate, T});
   check(residual, "bf16 x");
 }
 
@@ -227,15 +227,15 @@ TEST(GemmBf16, GatedAddsRejectAGateOrResidualThatDoesNotFit) {
   const Matrix<float> gate = Matrix<float>::Zero(2, 64), short_gate = Matrix<float>::Zero(2, 48);
   using ldlm::test::error_of;
   EXPECT_THAT(error_of<ShapeError>([&] {
-                linear_gated_add(ctx, x, packed, nullptr, GatedResidual<float>{residual, short_gate, 3});
+                linear(ctx, x, packed, nullptr, GatedResidual<float>{residual, short_gate, 3});
               }),
               HasSubstr("with T = 3 needs a gate [2, 64], got [2, 48]"));
   EXPECT_THAT(error_of<ShapeError>([&] {
-                linear_gated_add(ctx, x, packed, nullptr, GatedResidual<float>{residual, gate, 4});
+                linear(ctx, x, packed, nullptr, GatedResidual<float>{residual, gate, 4});
               }),
               HasSubstr("a gated residual's 6 rows are not whole sequences of T = 4"));
   EXPECT_THAT(error_of<ShapeError>([&] {
-                linear_gated_add(ctx, x.leftCols(16), packed, nullptr, GatedResidual<float>{residual, gate, 3});
+                linear(ctx, x.leftCols(16), packed, nullptr, GatedResidual<float>{residual, gate, 3});
               }),
               HasSubstr("linear: x [6, 16], weight [64, 32], y [6, 64] do not fit"));
   // A weight of no input features has no oneDNN packing: it takes the eigen path,
@@ -245,15 +245,17 @@ TEST(GemmBf16, GatedAddsRejectAGateOrResidualThatDoesNotFit) {
   EXPECT_EQ(empty.path(), ProductPath::eigen);
   const std::vector<float> half(64, 0.5f);
   Matrix<float> twos = Matrix<float>::Constant(6, 64, 2.0f);
-  linear_gated_add(ctx, Matrix<float>(6, 0), empty, half.data(),
-                   GatedResidual<float>{twos, Matrix<float>::Constant(2, 64, 3.0f), 3});
+  linear(ctx, Matrix<float>(6, 0), empty, half.data(),
+         GatedResidual<float>{twos, Matrix<float>::Constant(2, 64, 3.0f), 3});
   EXPECT_TRUE((twos.array() == 3.5f).all()) << "max " << twos.maxCoeff() << ", min " << twos.minCoeff();
-  std::vector<bf16> activated(6 * 64);
-  EXPECT_THAT(error_of<InvalidArgument>([&] {
-                linear_activated(ctx, Matrix<float>(6, 0), empty, nullptr, Activation::gelu_tanh, activated.data());
-              }),
-              HasSubstr("a bf16 output needs a weight packed for bf16 kernels (path bf16_native); this one is bf16 on "
-                        "eigen (path eigen)"));
+  Arena arena;
+  const auto activated = OperandBuffer<float>::allocate(arena, 6, 64, RowForm::bf16);
+  EXPECT_THAT(
+      error_of<InvalidArgument>([&] {
+        linear(ctx, Matrix<float>(6, 0), empty, nullptr, ActivatedRows<float>{activated, Activation::gelu_tanh});
+      }),
+      HasSubstr("a bf16 output needs a weight packed for bf16 kernels (path bf16_native); this one is bf16 on "
+                "eigen (path eigen)"));
 }
 
 // The denoiser block's two gated residuals go through the modules' GatedResidual

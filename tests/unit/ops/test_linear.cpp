@@ -28,8 +28,9 @@ void check_linear_free_function() {
   const auto b = read_tensor<S, 1>(file, "param.bias");
   Tensor3<S> y(2, 7, 40), y_nobias(2, 7, 40);
   Context ctx;
-  linear<S>(ctx, as_matrix(x), as_matrix(w), b.data(), as_matrix(y));
-  linear<S>(ctx, as_matrix(x), as_matrix(w), nullptr, as_matrix(y_nobias));
+  const LinearWeight<S> weight(as_matrix(w), WeightLayout::out_in);
+  linear<S>(ctx, as_matrix(x), weight, b.data(), as_matrix(y));
+  linear<S>(ctx, as_matrix(x), weight, nullptr, as_matrix(y_nobias));
   const std::string variant = std::is_same_v<S, double> ? " (ldlm::linear, double)" : " (ldlm::linear)";
   expect_matches(y, file, "output.y", kTol, variant);
   expect_matches(y_nobias, file, "output.y_nobias", kTol, variant);
