@@ -119,7 +119,7 @@ inline Tokenizer builtin_gpt2_tokenizer() {
 }
 
 inline Precision text_precision(std::string_view op, const std::string& name, Precision fallback) {
-  return name.empty() ? fallback : parse_precision(name, std::string(op) + ": precision");
+  return named_field(op, "precision", name, fallback, find_precision, "fp32, bf16, int8");
 }
 
 }  // namespace detail

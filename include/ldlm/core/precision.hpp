@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -35,11 +36,16 @@ inline constexpr std::string_view precision_name(Precision p) {
   return p == Precision::bf16 ? "bf16" : p == Precision::int8 ? "int8" : "fp32";
 }
 
+/// "fp32" / "bf16" / "int8" -> Precision; nothing for any other name.
+inline std::optional<Precision> find_precision(std::string_view s) {
+  for (const Precision p : {Precision::fp32, Precision::bf16, Precision::int8})
+    if (s == precision_name(p)) return p;
+  return std::nullopt;
+}
+
 /// "fp32" / "bf16" / "int8" -> Precision; anything else is an InvalidArgument naming `where`.
 inline Precision parse_precision(std::string_view s, std::string_view where = "precision") {
-  if (s == "fp32") return Precision::fp32;
-  if (s == "bf16") return Precision::bf16;
-  if (s == "int8") return Precision::int8;
+  if (const std::optional<Precision> p = find_precision(s)) return *p;
   throw InvalidArgument(std::string(where) + ": expected 'fp32', 'bf16' or 'int8', got '" + std::string(s) + "'");
 }
 
