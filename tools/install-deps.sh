@@ -27,7 +27,10 @@ for arg in "$@"; do
     # libopenblas0: without it python3-torch's BLAS is the reference libblas3, and
     # PyTorch fp32 runs 25x slower than at its best (bench/compare.py's baseline).
     # python3-distributed (with python3-dask): ldlm.dask and its tests (docs/dask.md).
-    --python) packages+=(python3 python3-torch python3-numpy python3-matplotlib libopenblas0 python3-distributed) ;;
+    # wamerican: /usr/share/dict/words, for the dictionary-word share of the model card
+    # and of bench/int8_compare.py (research/train/dictionary.py).
+    --python) packages+=(python3 python3-torch python3-numpy python3-matplotlib libopenblas0 python3-distributed
+                         wamerican) ;;
     # A separate flag: Chromium is some 300 MB that only the playground's test needs, and
     # tools/quickstart.sh installs the base list for a first build.
     --browser) packages+=(python3 chromium chromium-driver) ;;
