@@ -8,7 +8,7 @@ Then, from the repository root (Debian's python, which has torch 1.13; the dicti
 share needs Debian's wamerican):
     PYTHONPATH=tools:. /usr/bin/python3 bench/int8_compare.py report --build build/default
 writes bench/results/int8-<cpu>.md by itself (the CPU from lscpu, the command, the load
-average before and after) in about 8 minutes on 2 cores. Its parts alone, printing
+average before and after) in about 25 minutes on 2 cores. Its parts alone, printing
 markdown on stdout:
     ... int8_compare.py speed [--rounds 3] [--reps 3] [--T 128,256,512,1024]
     ... int8_compare.py rss [--length 1024]
@@ -17,9 +17,9 @@ markdown on stdout:
 
 speed: paired rounds; in each, for every thread count and T one after the other:
   ldlm_bench's denoiser_T (bf16) and denoiser_int8_T (ldlm-base denoiser, generator
-  weights, B 1), then one PyTorch process per thread count timing fp32 and
-  quantize_dynamic on every engine torch has of onednn and fbgemm (median of timed
-  calls). Medians and ranges of the times and of the per-round ratios.
+  weights, B 1), then one PyTorch process per thread count and environment variant of
+  bench/compare.py timing fp32 and quantize_dynamic on every engine torch has of onednn
+  and fbgemm (median of timed calls; the fastest variant counts). Medians and ranges of the times and of the per-round ratios.
 rss: peak RSS (the kernel's maxrss of the one process) of `ldlm generate --length N`
   on ldlm-base generator weights: fp32 and int8 quantized at load (--init-seed), and
   int8 from a quantized checkpoint that `ldlm quantize` writes first (its size too).
@@ -27,7 +27,8 @@ words: the built-in demo model at fp32 and int8, seeds 0-7: the dictionary-word 
   (research/train/dictionary.py, the model card's measure) of generations of 64 tokens
   and of the fills of infill (8 masked tokens in each of 4 sentences of
   research/train/modern_english.txt), and the ids' agreement with fp32.
-accuracy: the denoiser against PyTorch fp32, with quantize_dynamic's error in the same run.
+accuracy: every trained module (denoiser, encoder, latent decoder, token decoder) at int8,
+  bf16 and fp32 against PyTorch fp32, with quantize_dynamic's error in the same run.
 PyTorch's denoiser block calls its attention projections as functions of their weights,
 which quantize_dynamic cannot see: here they are called as modules, the same arithmetic.
 """
@@ -44,12 +45,25 @@ import sys
 import tempfile
 import time
 
+from compare import default_variants, ldlm_env, proc_cpu_flags, runnable_variants, torch_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH_ENGINES = ("onednn", "fbgemm")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # set before torch loads
 
 
-def torch_modules(engines=("onednn",)):
-    """The ldlm-base denoiser in PyTorch fp32 (generator weights, seed 1) and its
+# The trained modules: the name `ldlm forward` takes (the state-dict prefix), the reference
+# class, the inputs and the output it names.
+MODULES = {
+    "denoiser": ("Denoiser", ("x_t", "t", "self_cond"), "x0"),
+    "encoder": ("LatentEncoder", ("features",), "latents"),
+    "latent_decoder": ("LatentDecoder", ("latents",), "hidden"),
+    "token_decoder": ("TokenDecoder", ("hidden",), "logits"),
+}
+
+
+def torch_modules(engines=("onednn",), module="denoiser"):
+    """An ldlm-base module in PyTorch fp32 (generator weights, seed 1) and its
     quantize_dynamic copies, one per engine available among `engines`."""
     import copy
 
@@ -82,15 +96,19 @@ def torch_modules(engines=("onednn",)):
                 plain_linears(child)
         return module
 
-    fp32 = plain_linears(lt.Denoiser(lt.LDLM_BASE).eval())
-    ldlm_init.init_module(fp32, "", 1)
+    fp32 = plain_linears(getattr(lt, MODULES[module][0])(lt.LDLM_BASE).eval())
+    ldlm_init.init_module(fp32, module + ".", 1)
+    # Every Linear but the latent decoder's ScaleMasks (Linear(1, 1) on the mask indicator,
+    # no product in ldlm) and its embedding FFN, which maps the one [d] mask vector:
+    # PyTorch's dynamic linear refuses a 1-D input, so those stay fp32 there.
+    linears = {name for name, m in fp32.named_modules() if type(m) is torch.nn.Linear and m.in_features > 1
+               and not name.startswith("embedding_ffn.")}
     quantized = {}
     for engine in engines:
         if engine not in torch.backends.quantized.supported_engines:
             continue
         torch.backends.quantized.engine = engine
-        quantized[engine] = torch.ao.quantization.quantize_dynamic(copy.deepcopy(fp32), {torch.nn.Linear},
-                                                                  dtype=torch.qint8)
+        quantized[engine] = torch.ao.quantization.quantize_dynamic(copy.deepcopy(fp32), linears, dtype=torch.qint8)
     return fp32, quantized
 
 
@@ -111,39 +129,43 @@ def cli_path(build: str) -> str:
 
 
 def clean_env(**extra) -> dict:
-    """This environment without ldlm's and oneDNN's switches, which force other paths."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LDLM_", "ONEDNN_", "DNNL_"))}
+    """ldlm as shipped (compare.py's): without ldlm's, oneDNN's and the allocator's switches."""
+    env = ldlm_env()
     env.update(extra)
     return env
 
 
 # ------------------------------------------------------------------------- accuracy
-def accuracy(args) -> str:
+def accuracy(build: str, T: int = 256, threads: int = 2) -> str:
+    """Every trained module at fp32, bf16 and int8 against PyTorch fp32, beside quantize_dynamic."""
     import torch
     from reference.safetensors_io import read_safetensors, write_safetensors
 
-    torch.set_num_threads(args.threads)
-    fp32, quantized = torch_modules()
-    d = fp32.cfg.d_model
-    x_t, self_cond, t = uniform(1, args.T, d, seed=1), uniform(1, args.T, d, seed=2), torch.full((1,), 0.5)
-    with torch.no_grad():
-        ref = fp32(x_t, t, self_cond)
-        torch.backends.quantized.engine = "onednn"
-        rows = [("PyTorch quantize_dynamic (onednn)", errors(quantized["onednn"](x_t, t, self_cond), ref))]
-    with tempfile.TemporaryDirectory(prefix="int8-compare-") as tmp:
-        weights, inputs = os.path.join(tmp, "w.safetensors"), os.path.join(tmp, "in.safetensors")
-        write_safetensors(weights, {"denoiser." + k: v.contiguous() for k, v in fp32.state_dict().items()})
-        write_safetensors(inputs, {"x_t": x_t, "t": t, "self_cond": self_cond})
-        for precision in ("fp32", "bf16", "int8"):
-            out = os.path.join(tmp, precision + ".safetensors")
-            subprocess.run([cli_path(args.build), "forward", "denoiser", "--weights", weights, "--inputs", inputs,
-                            "--output", out, "--precision", precision, "--threads", str(args.threads)],
-                           check=True, env=clean_env())
-            got = read_safetensors(out)[0]["x0"]
-            rows.append((f"ldlm {precision}", errors(got.reshape(ref.shape), ref)))
-    lines = [f"Denoiser (ldlm-base, generator weights seed 1, B 1, T {args.T}, t 0.5, inputs uniform in [-1, 1)) "
-             "against PyTorch fp32:", "", "| | max abs error / max abs ref | RMS error / RMS ref |", "|---|---|---|"]
-    lines += [f"| {name} | {worst:.2e} | {rms:.2e} |" for name, (worst, rms) in rows]
+    torch.set_num_threads(threads)
+    lines = [f"ldlm-base modules (generator weights, seed 1; B 1, T {T}; inputs uniform in [-1, 1), the "
+             "denoiser's t 0.5) against PyTorch fp32. Error: max |error| / max |ref| and RMS error / RMS ref.", "",
+             "| module | PyTorch quantize_dynamic (onednn) | ldlm int8 | ldlm bf16 | ldlm fp32 |",
+             "|---|---|---|---|---|"]
+    for module, (_, input_names, output) in MODULES.items():
+        fp32, quantized = torch_modules(module=module)
+        d = 768  # ldlm-base's d_model
+        inputs = {name: torch.full((1,), 0.5) if name == "t" else uniform(1, T, d, seed=1 + n)
+                  for n, name in enumerate(input_names)}
+        with torch.no_grad():
+            ref = fp32(*inputs.values())
+            torch.backends.quantized.engine = "onednn"
+            cells = [errors(quantized["onednn"](*inputs.values()), ref)]
+        with tempfile.TemporaryDirectory(prefix="int8-compare-") as tmp:
+            weights, inputs_path = os.path.join(tmp, "w.safetensors"), os.path.join(tmp, "in.safetensors")
+            write_safetensors(weights, {f"{module}.{k}": v.contiguous() for k, v in fp32.state_dict().items()})
+            write_safetensors(inputs_path, inputs)
+            for precision in ("int8", "bf16", "fp32"):
+                out = os.path.join(tmp, precision + ".safetensors")
+                subprocess.run([cli_path(build), "forward", module, "--weights", weights, "--inputs",
+                                inputs_path, "--output", out, "--precision", precision, "--threads",
+                                str(threads)], check=True, env=clean_env())
+                cells.append(errors(read_safetensors(out)[0][output].reshape(ref.shape), ref))
+        lines.append(f"| {module} | " + " | ".join(f"{worst:.2e} / {rms:.2e}" for worst, rms in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -198,12 +220,17 @@ def speed_rounds(args) -> list:
             for T in args.T:
                 for k, v in ldlm_times(bench, T, threads, args.reps).items():
                     row[f"{k}/{T}/{threads}"] = v
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-            res = subprocess.run([sys.executable, os.path.abspath(__file__), "torch-worker", "--threads", str(threads),
-                                  "--reps", str(args.reps), "--T", ",".join(map(str, args.T))],
-                                 check=True, env=env, capture_output=True, text=True)
-            for k, v in json.loads(res.stdout).items():
-                row[f"{k}/{threads}"] = v
+            # PyTorch at its best: every variant of compare.py (allocator, ISA, OpenBLAS core),
+            # the fastest per model and T; the ambient environment maps large temporaries.
+            for variant in runnable_variants(list(default_variants(proc_cpu_flags())), proc_cpu_flags()):
+                env = dict(torch_env(variant), **{v: str(threads) for v in THREAD_VARS})
+                res = subprocess.run([sys.executable, os.path.abspath(__file__), "torch-worker", "--threads",
+                                      str(threads), "--reps", str(args.reps), "--T", ",".join(map(str, args.T))],
+                                     check=True, env=env, capture_output=True, text=True)
+                for k, v in json.loads(res.stdout).items():
+                    key = f"{k}/{threads}"
+                    if key not in row or v < row[key]:
+                        row[key], row[f"variant:{key}"] = v, variant
         rounds.append(row)
         print(f"round {r + 1}: {json.dumps(row)}", file=sys.stderr, flush=True)
     return rounds
@@ -223,11 +250,13 @@ def speed_table(rounds: list, Ts: list) -> tuple[str, dict]:
     # PyTorch int8 at its best: the faster engine at each (T, threads), per round.
     lines = [f"Denoiser forward (ldlm-base, generator weights, B 1), {len(rounds)} paired rounds; ms and ratios as "
              "median [range] over the rounds. PyTorch int8 is quantize_dynamic on its faster engine at each T "
-             f"and thread count (engines available: {', '.join(engines) or 'none'}).", "",
+             f"and thread count (engines available: {', '.join(engines) or 'none'}); each PyTorch figure is the "
+             "fastest of bench/compare.py's environment variants (listed below with the winners), as compare.py "
+             "measures PyTorch at its best.", "",
              "| T | threads | ldlm int8 | ldlm bf16 | PyTorch int8 | PyTorch fp32 | ldlm bf16 / int8 | "
              "PyTorch int8 / ldlm int8 | PyTorch fp32 / ldlm int8 |", "|---|---|---|---|---|---|---|---|---|"]
-    engine_lines = ["| T | threads | " + " | ".join(f"PyTorch int8 {e}" for e in engines) + " |",
-                    "|---|---|" + "---|" * len(engines)]
+    engine_lines = ["| T | threads | " + " | ".join(f"PyTorch int8 {e}" for e in engines) +
+                    " | fastest variant by round, fp32 | int8 |", "|---|---|" + "---|" * (len(engines) + 2)]
     targets = {}
     for threads in (1, 2):
         for T in Ts:
@@ -240,11 +269,14 @@ def speed_table(rounds: list, Ts: list) -> tuple[str, dict]:
             lines.append(f"| {T} | {threads} | {cell(i8)} | {cell(bf)} | {cell(ti8)} | {cell(tf)} | "
                          f"{ratio_cell(bf_ratio)} | {ratio_cell(ti8_ratio)} | "
                          f"{ratio_cell([p / i for p, i in zip(tf, i8)])} |")
-            engine_lines.append(f"| {T} | {threads} | " + " | ".join(cell(per_engine[e]) for e in engines) + " |")
+            winners = lambda k: ", ".join(row.get(f"variant:{k}/{T}/{threads}", "?") for row in rounds)  # noqa: E731
+            engine_lines.append(f"| {T} | {threads} | " + " | ".join(cell(per_engine[e]) for e in engines) +
+                                f" | {winners('torch_fp32')} | " +
+                                " / ".join(winners(f"torch_int8_{e}") for e in engines) + " |")
             if threads == 1 and T == max(Ts):
                 targets = {"T": T, "bf16_over_int8": statistics.median(bf_ratio),
                            "torch_int8_over_int8": statistics.median(ti8_ratio)}
-    text = "\n".join(lines) + "\n\nPyTorch quantize_dynamic by engine (ms):\n\n" + "\n".join(engine_lines) + "\n"
+    text = "\n".join(lines) + "\n\nPyTorch quantize_dynamic by engine (ms), and the fastest variant:\n\n" + "\n".join(engine_lines) + "\n"
     return text, targets
 
 
@@ -371,6 +403,7 @@ def report(args) -> None:
     speed_text, targets = speed_table(speed_rounds(args), args.T)
     rss_text, rss_figures = rss(args)
     words_text, words_figures = words(args)
+    accuracy_text = accuracy(args.build)
     load_after = os.getloadavg()
     minutes = (time.time() - started) / 60
     flags = set(fields.get("Flags", "").split())
@@ -397,7 +430,8 @@ def report(args) -> None:
              f"- peak RSS of generate at int8 ≤ 0.35x fp32's, from a quantized checkpoint: "
              f"{met(rss_figures['rss_ratio_file'], rss_figures['rss_ratio_file'] <= 0.35)}; quantized at load: "
              f"{rss_figures['rss_ratio_load']:.2f}", "",
-             "## Speed", "", speed_text, "## Peak RSS", "", rss_text, "## Dictionary-word share", "", words_text]
+             "## Speed", "", speed_text, "## Peak RSS", "", rss_text, "## Dictionary-word share", "", words_text,
+             "## Accuracy per module", "", accuracy_text]
     path = args.out or os.path.join(REPO, "bench", "results", f"int8-{cpu_slug(fields)}.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))
@@ -432,7 +466,7 @@ def main() -> None:
         return torch_worker(args)
     if args.command == "report":
         return report(args)
-    out = {"speed": speed, "accuracy": accuracy, "rss": lambda a: rss(a)[0], "words": lambda a: words(a)[0]}
+    out = {"speed": speed, "accuracy": lambda a: accuracy(a.build, a.T, a.threads), "rss": lambda a: rss(a)[0], "words": lambda a: words(a)[0]}
     print(out[args.command](args), end="")
 
 

@@ -45,7 +45,7 @@ struct ModelOptions {
 inline constexpr std::array<NamedChoice<Precision>, 3> kPrecisions{{
     {Precision::fp32, "fp32", "float32 products"},
     {Precision::bf16, "bf16", "bf16 operands, fp32 accumulation"},
-    {Precision::int8, "int8", "denoiser blocks' Linear products in int8 (VNNI or AMX-INT8), the rest bf16"},
+    {Precision::int8, "int8", "Linear products in int8 (VNNI or AMX-INT8), the denoiser's conditioning bf16"},
 }};
 
 const Option kConfigOption = text_option("config", "C.json", &ModelOptions::config,
@@ -57,8 +57,8 @@ const Option kWeightsOption =
 const Option kPrecisionOption =
     choice_option("precision", "fp32|bf16|int8", &ModelOptions::precision, kPrecisions, "precision",
                   "precision of the matrix products; bf16 keeps norms, softmax and the residual\n"
-                  "stream in fp32, int8 quantizes the denoiser blocks' Linear weights per output\n"
-                  "channel and their inputs per row (docs/model.md §Precision)");
+                  "stream in fp32, int8 quantizes the Linear weights per output channel and their\n"
+                  "inputs per row, but the denoiser's adaLN, time MLP and ends (docs/model.md §int8)");
 const Option kInitSeedOption =
     value_option("init-seed", "S", &ModelOptions::init_seed, {},
                  "generator weights of this seed instead of the built-in model (with --config: of that\n"

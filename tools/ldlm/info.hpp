@@ -26,7 +26,7 @@ int run_info(const Args& args) {
   std::printf("products:  %s\n", gemm_library().c_str());
   std::printf("fp32:      linear %s, attention %s\n", paths.fp32_linear.c_str(), paths.fp32_attention.c_str());
   std::printf("bf16:      linear %s, attention %s\n", paths.bf16_linear.c_str(), paths.bf16_attention.c_str());
-  std::printf("int8:      denoiser blocks' linear %s\n", paths.int8_linear.c_str());
+  std::printf("int8:      linear %s\n", paths.int8_linear.c_str());
   if (const auto demo = embedded::find("ldlm-demo.safetensors"))
     std::printf("model:     built-in demo model, %.1f MB (the default of generate and reconstruct)\n",
                 static_cast<double>(demo->size()) / 1e6);

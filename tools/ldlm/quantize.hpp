@@ -11,7 +11,7 @@ const Command kQuantize{"quantize",
                         "write the model as a quantized checkpoint (int8 weights and their scales)",
                         "OUT",
                         "Write the model (see below) to OUT with every weight that --precision int8 quantizes\n"
-                        "(the denoiser blocks' Linear maps) stored as I8 values with one F32 scale per output\n"
+                        "(docs/model.md §int8) stored as I8 values with one F32 scale per output\n"
                         "channel, the other matrix-product weights in BF16 (what int8 multiplies), and every\n"
                         "other parameter in BF16 where that is exact, else in F32.\n"
                         "Loaded with --precision int8, OUT gives the same outputs as the model quantized at\n"

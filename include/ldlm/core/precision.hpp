@@ -27,9 +27,10 @@
 
 namespace ldlm {
 
-/// int8: the denoiser blocks' Linear products on s8 weights (one scale per output
-/// channel) and s8 activations (one scale per row), s32 sums; everything else as in
-/// bf16 (ops/packed_matrix.hpp, docs/model.md §Precision).
+/// int8: the trained modules' Linear products (all but the denoiser's adaLN, time MLP,
+/// input and output maps) on s8 weights (one scale per output channel) and s8
+/// activations (one scale per row), s32 sums; everything else as in bf16
+/// (ops/packed_matrix.hpp, docs/model.md §int8).
 enum class Precision { fp32, bf16, int8 };
 
 inline constexpr std::string_view precision_name(Precision p) {

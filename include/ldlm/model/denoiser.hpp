@@ -37,10 +37,10 @@ class Denoiser {
           attn(denoiser_attention_config(c)),
           mlp(c.d_model, c.mlp_hidden()),
           adaLN_modulation(c.d_model, 6 * c.d_model, true) {
-      // int8 quantizes these four maps, nearly all of the block's products; adaLN stays
-      // bf16 (docs/model.md §Precision).
-      for (nn::Linear<S>* linear : {&attn.attn_qkv, &attn.attn_out, &mlp.fc1, &mlp.fc2})
-        linear->weight.quantize_at_int8();
+      // int8 quantizes these four maps, nearly all of the block's products; adaLN, the
+      // conditioning, stays bf16 (docs/model.md §int8).
+      attn.quantize_at_int8();
+      mlp.quantize_at_int8();
     }
 
     template <class F>

@@ -26,6 +26,13 @@ class LatentEncoder {
     nn::LatentAttention<S> latent_attn;
     nn::PerceiverFFN<S> ffn_latent;
 
+    Block() = default;
+    explicit Block(const Config& c)
+        : latent_attn(latent_attention_config(c)), ffn_latent(c.d_model, c.mlp_hidden(), c.layer_norm_eps) {
+      latent_attn.quantize_at_int8();
+      ffn_latent.quantize_at_int8();
+    }
+
     template <class F>
     void visit(const std::string& prefix, F&& f) {
       latent_attn.visit(prefix + "latent_attn.", f);
@@ -45,8 +52,7 @@ class LatentEncoder {
         positional_emb(c.max_positions, c.d_model),
         latent_norm(c.d_model, c.rms_norm_eps),
         output_norm(c.d_model, c.rms_norm_eps),
-        latent_layers(c.encoder_layers, Block{nn::LatentAttention<S>(latent_attention_config(c)),
-                                              nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps)}) {}
+        latent_layers(c.encoder_layers, Block(c)) {}
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {
@@ -105,6 +111,13 @@ class LatentDecoder {
     nn::PerceiverFFN<S> ffn_latent;
     nn::ScaleMask<S> ffn_scale;
 
+    Block() = default;
+    explicit Block(const Config& c)
+        : latent_attn(latent_attention_config(c)), ffn_latent(c.d_model, c.mlp_hidden(), c.layer_norm_eps) {
+      latent_attn.quantize_at_int8();
+      ffn_latent.quantize_at_int8();
+    }
+
     template <class F>
     void visit(const std::string& prefix, F&& f) {
       latent_attn.visit(prefix + "latent_attn.", f);
@@ -126,9 +139,9 @@ class LatentDecoder {
         mask_vector({c.d_model}, Role::frozen),
         positional_emb(c.max_positions, c.d_model),
         embedding_ffn(c.d_model, c.mlp_hidden(), c.layer_norm_eps),
-        layers(c.latent_decoder_layers,
-               Block{nn::LatentAttention<S>(latent_attention_config(c)), nn::ScaleMask<S>{},
-                     nn::PerceiverFFN<S>(c.d_model, c.mlp_hidden(), c.layer_norm_eps), nn::ScaleMask<S>{}}) {}
+        layers(c.latent_decoder_layers, Block(c)) {
+    embedding_ffn.quantize_at_int8();
+  }
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {

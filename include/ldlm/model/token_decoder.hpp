@@ -26,6 +26,16 @@ class TokenDecoder {
     nn::SelfAttention<S> attn;
     nn::SwiGLU<S> mlp;
 
+    Block() = default;
+    explicit Block(const Config& c)
+        : norm1(c.d_model, c.layer_norm_eps),
+          norm2(c.d_model, c.layer_norm_eps),
+          attn(token_decoder_attention_config(c)),
+          mlp(c.d_model, c.token_decoder_mlp_hidden) {
+      attn.quantize_at_int8();
+      mlp.quantize_at_int8();
+    }
+
     template <class F>
     void visit(const std::string& prefix, F&& f) {
       norm1.visit(prefix + "norm1.", f);
@@ -42,12 +52,11 @@ class TokenDecoder {
 
   explicit TokenDecoder(const Config& c = Config{})
       : config(c),
-        blocks(c.token_decoder_layers, Block{nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps),
-                                             nn::LayerNormGain<S>(c.d_model, c.layer_norm_eps),
-                                             nn::SelfAttention<S>(token_decoder_attention_config(c)),
-                                             nn::SwiGLU<S>(c.d_model, c.token_decoder_mlp_hidden)}),
+        blocks(c.token_decoder_layers, Block(c)),
         norm_final(c.d_model, c.layer_norm_eps),
-        lm_head(c.d_model, c.vocab_size, false) {}
+        lm_head(c.d_model, c.vocab_size, false) {
+    lm_head.weight.quantize_at_int8();
+  }
 
   template <class F>
   void visit(const std::string& prefix, F&& f) {

@@ -37,8 +37,9 @@ class MatmulWeight : public Parameter<S> {
     Parameter<S>::allocate();
   }
 
-  /// Marks this weight as one that Precision::int8 quantizes (the denoiser blocks'
-  /// Linear maps); at int8 every other weight packs in bf16 (docs/model.md §Precision).
+  /// Marks this weight as one that Precision::int8 quantizes (the trained modules' maps
+  /// but the denoiser's conditioning and ends); at int8 every other weight packs in bf16
+  /// (docs/model.md §int8).
   void quantize_at_int8() { quantize_at_int8_ = true; }
   bool quantized_at_int8() const { return quantize_at_int8_; }
 

@@ -35,7 +35,7 @@ struct GemmPaths {
   std::string fp32_attention;
   std::string bf16_linear;  // kernel of packed bf16 weights ("... widened ..." without bf16 kernels)
   std::string bf16_attention;
-  /// kernel of int8 weights (the denoiser blocks' Linear maps; the rest of an int8 model
+  /// kernel of int8 weights (docs/model.md §int8 names them; the rest of an int8 model
   /// runs as bf16), or "unavailable: " and why int8 is refused here.
   std::string int8_linear;
 };

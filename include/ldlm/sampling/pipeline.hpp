@@ -115,9 +115,12 @@ class Pipeline {
     const auto& token_decoder = model_->token_decoder;
     const Index d = token_decoder.config.d_model, V = token_decoder.config.vocab_size;
     const Tensor3<S> hidden = model_->latent_decoder.forward(ctx, latents);
-    Matrix<S> normed(rows, d);
+    // In the arena, whose pages the denoiser's calls have already made resident: fresh
+    // heap blocks here would add their size to the peak RSS of a generation.
+    Arena::Scope scope(ctx.arena());
+    MatrixMap<S> normed(ctx.arena().allocate<S>(rows * d), rows, d);  // [B*T, d]
     token_decoder.forward_to_head(ctx, as_matrix(hidden), B, T, normed);
-    Matrix<S> logits(std::min(rows, kLogitRows), V);
+    MatrixMap<S> logits(ctx.arena().allocate<S>(std::min(rows, kLogitRows) * V), std::min(rows, kLogitRows), V);
     TokenTensor tokens(B, T);
     for (Index r = 0; r < rows; r += kLogitRows) {
       const Index n = std::min(kLogitRows, rows - r);

@@ -372,12 +372,13 @@ std::pair<std::set<std::string>, std::set<std::string>> matmul_weight_names() {
   return {quantized, other};
 }
 
-TEST(CheckpointQuantized, StoresTheBlocksMapsAsI8WithPerChannelScalesAndTheRestAsInt8UsesIt) {
+TEST(CheckpointQuantized, StoresTheQuantizedMapsAsI8WithPerChannelScalesAndTheRestAsInt8UsesIt) {
   const QuantizedSmall files;
   const auto file = SafetensorsFile::open(files.quantized), plain = SafetensorsFile::open(files.plain);
   EXPECT_EQ(file.metadata().at(kQuantizationKey), "int8");
   const auto [maps, other_weights] = matmul_weight_names();
-  EXPECT_EQ(maps.size(), std::size_t(4 * small_config().denoiser_blocks));
+  EXPECT_EQ(maps.size(), std::size_t(test::int8_weight_count(small_config())));
+  for (const std::string& name : maps) EXPECT_TRUE(test::quantized_at_int8(name)) << name;
   for (const std::string& name : maps) {
     const TensorInfo& values = file.info(name);
     const TensorInfo& scales = file.info(name + ".scale");

@@ -158,19 +158,22 @@ TEST(PackedMatrixInt8, QuantizesRowsLikeTheScalarDefinition) {
     }
 }
 
-TEST(PackedMatrixInt8, OnlyTheDenoiserBlocksLinearMapsAreQuantized) {
+TEST(PackedMatrixInt8, EveryMapOfTheTrainedModulesButTheDenoisersConditioningIsQuantized) {
   if (!int8_available()) GTEST_SKIP() << int8_unavailable_reason();
-  Denoiser<float> denoiser(test::small_config());
-  init_parameters(denoiser, 7, "", Precision::int8);
+  LDLM<float> model(test::small_config());
+  init_parameters(model, 7, "", Precision::int8);
   int quantized = 0;
-  visit_parameters(denoiser, "", [&](const std::string& name, const auto& p) {
+  visit_parameters(model, "", [&](const std::string& name, const auto& p) {
     if constexpr (requires { p.packed(); }) {
-      const bool block_map = name.find("blocks.") == 0 && name.find("adaLN") == std::string::npos;
-      EXPECT_EQ(p.packed()->path() == ProductPath::int8_native, block_map) << name;
-      quantized += block_map;
+      const bool expected = test::quantized_at_int8(name);
+      EXPECT_EQ(p.packed()->path() == ProductPath::int8_native, expected) << name;
+      if (!expected) {
+        EXPECT_EQ(p.packed()->precision(), Precision::bf16) << name;
+      }
+      quantized += p.packed()->path() == ProductPath::int8_native;
     }
   });
-  EXPECT_EQ(quantized, 4 * test::small_config().denoiser_blocks);
+  EXPECT_EQ(quantized, test::int8_weight_count(test::small_config()));
 }
 
 // The denoiser's MLP on int8 weights into a gated residual (fc1's GELU and fc2's gated
