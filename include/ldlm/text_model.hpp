@@ -66,10 +66,10 @@ struct TextOptions {
   int batch = 1;               // samples, 1..65536
   std::uint64_t seed = 0;      // noise seed; the same seed, options and threads give the same text
   std::string suffix = {};     // continue_text and generate: the text every sample ends with
-  std::string sampler = {};    // the solver: "dpmpp-3m" (default), "unipc", "heun", ...
+  std::string sampler = {};    // the solver: "unipc-3m" (default), "dpmpp-3m", "heun", ...
   int steps = 0;               // solver steps, 0..1048576; 0: the default (10)
   std::string schedule = {};   // the time grid: "auto" (default: "fitted" when the model has a grid for
-                               // the step count, else "karras"), "fitted", "karras", "lambda", "uniform"
+                               // the step count, else "lambda"), "fitted", "karras", "lambda", "uniform"
   std::string precision = {};  // "fp32", "bf16" or "int8"; "": the precision the model was opened with
   int threads = 0;             // 0..1024; 0: every core
   std::string method = {};     // how given text enters the sampler: "x0" (default), "x", "both"

@@ -82,6 +82,7 @@ SamplerOptions options_of(const SafetensorsFile& dump, Endpoint endpoint) {
   o.steps = std::stoi(meta(dump, "steps"));
   o.seed = std::stoull(meta(dump, "seed"));
   o.endpoint = endpoint;
+  o.self_condition = SelfCondition::previous;  // the reference (tools/reference/sampling.py) has no other
   return o;
 }
 

@@ -39,7 +39,7 @@ struct SamplerOptions {
   TimeGridOptions grid;
   Endpoint endpoint = Endpoint::sample;
   HeunSelfCondition heun_self_condition = HeunSelfCondition::latest;
-  SelfCondition self_condition = SelfCondition::previous;
+  SelfCondition self_condition = kDefaultSelfCondition;
   std::uint64_t seed = 0;
   /// Empty: every sequence draws from `seed`. Otherwise consecutive groups of sequences
   /// (their rows adding up to the batch), each drawing from its own seed what it would

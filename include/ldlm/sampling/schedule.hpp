@@ -128,7 +128,7 @@ enum class TimeGrid {
   lambda,     // even in λ = log(α/σ) after the first step
   karras,     // even in (σ/α)^(1/ρ) after the first step (Karras et al. 2022)
   fitted,     // the model file's own grid for the step count (TimeGridOptions::fitted)
-  automatic,  // fitted when the model has a grid for the step count, else karras
+  automatic,  // fitted when the model has a grid for the step count, else lambda
 };
 
 inline constexpr std::array<NamedChoice<TimeGrid>, 5> kTimeGrids{{
@@ -136,7 +136,7 @@ inline constexpr std::array<NamedChoice<TimeGrid>, 5> kTimeGrids{{
     {TimeGrid::lambda, "lambda", "even in log(alpha/sigma) after the first step"},
     {TimeGrid::karras, "karras", "Karras' rho-grid in sigma/alpha after the first step"},
     {TimeGrid::fitted, "fitted", "the model file's grid for the step count, fitted to the model"},
-    {TimeGrid::automatic, "auto", "fitted when the model file has a grid for the step count, else karras"},
+    {TimeGrid::automatic, "auto", "fitted when the model file has a grid for the step count, else lambda"},
 }};
 
 /// Grids fitted to a model offline (research/fit_time_grid.cpp), by step count: each
@@ -163,7 +163,7 @@ inline std::string time_grid_names(std::string_view separator = ", ") {
 }
 
 /// How a grid is spaced. sigma_max and rho apply to the λ and Karras grids only (and to
-/// `automatic` when it falls back to Karras').
+/// `automatic` when it falls back to the λ grid).
 struct TimeGridOptions {
   TimeGrid grid = TimeGrid::automatic;
   /// σ/α at t_1, where the λ and Karras grids start after the first step from t = 1;
@@ -228,9 +228,9 @@ inline std::vector<double> time_grid(int steps, double t_min, const TangentSched
       throw InvalidArgument("time_grid fitted: the model has no fitted grid of " + std::to_string(steps) + " steps; " +
                             (have.empty() ? std::string("it has none") : "it has grids of " + have + " steps"));
     }
-    TimeGridOptions karras = options;
-    karras.grid = TimeGrid::karras;
-    return time_grid(steps, t_min, schedule, karras);
+    TimeGridOptions lambda = options;
+    lambda.grid = TimeGrid::lambda;
+    return time_grid(steps, t_min, schedule, lambda);
   }
   if (options.grid == TimeGrid::uniform || steps == 1) return time_grid(steps, t_min);
   std::vector<double> t = time_grid(steps, t_min);  // checks steps and t_min

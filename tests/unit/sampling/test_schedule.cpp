@@ -147,11 +147,11 @@ TEST(ScheduleFittedGrid, StoredGridsAreReadAndUsedForTheirStepCount) {
   const TimeGridOptions fitted{TimeGrid::fitted, 0.0, 7.0, grids};
   EXPECT_EQ(time_grid(3, 0.05, s, fitted), (std::vector<double>{1.0, 0.9, 0.25, 0.05}));
   EXPECT_EQ(time_grid(2, 0.05, s, fitted), (std::vector<double>{1.0, 0.5, 0.05}));
-  // auto: the stored grid where there is one, Karras' (with its options) elsewhere.
+  // auto: the stored grid where there is one, the λ grid (with its options) elsewhere.
   const TimeGridOptions automatic{TimeGrid::automatic, 0.0, 5.0, grids};
   EXPECT_EQ(time_grid(3, 0.05, s, automatic), time_grid(3, 0.05, s, fitted));
-  EXPECT_EQ(time_grid(4, 0.05, s, automatic), time_grid(4, 0.05, s, TimeGridOptions{TimeGrid::karras, 0.0, 5.0}));
-  EXPECT_EQ(time_grid(10, 0.05, s, TimeGridOptions{}), time_grid(10, 0.05, s, TimeGridOptions{TimeGrid::karras}));
+  EXPECT_EQ(time_grid(4, 0.05, s, automatic), time_grid(4, 0.05, s, TimeGridOptions{TimeGrid::lambda, 0.0, 5.0}));
+  EXPECT_EQ(time_grid(10, 0.05, s, TimeGridOptions{}), time_grid(10, 0.05, s, TimeGridOptions{TimeGrid::lambda}));
   EXPECT_THAT(error_of<InvalidArgument>([&] { time_grid(4, 0.05, s, fitted); }),
               HasSubstr("time_grid fitted: the model has no fitted grid of 4 steps; it has grids of 2, 3 steps"));
   EXPECT_THAT(error_of<InvalidArgument>([&] { time_grid(4, 0.05, s, TimeGridOptions{TimeGrid::fitted}); }),

@@ -398,6 +398,7 @@ TEST(SolversSelfConditioning, EveryCallGetsTheMostRecentPrediction) {
       SolverSettings settings;
       settings.kind = info.kind;
       settings.heun_self_condition = heun;
+      settings.self_condition = SelfCondition::previous;
       settings.endpoint = Endpoint::denoised;
       const auto times = time_grid(5, 0.05);
       const SamplingStats stats = integrate<double>(denoise, settings, s, times, 1, x.data(), rng, arena);
