@@ -25,7 +25,7 @@ import time
 import ldlm.dask
 from distributed import Client, LocalCluster
 
-# 64 requests, 1 text each, every task kind, the default sampler (dpmpp-3m, 10 steps).
+# 64 requests, 1 text each, every task kind, the default sampler (10 steps).
 REQUESTS = ([{"task": "generate", "length": 64, "seed": s} for s in range(48)]
             + [{"task": "infill", "text": "The <|mask|> sat on the <|mask|><|mask|> by the door.", "seed": s}
                for s in range(8)]
@@ -106,7 +106,7 @@ def main() -> None:
         "",
         f"Texts per second of `ldlm.dask.generate_many` on the demo model (fp32), {texts} requests of one text",
         "each (48 `generate` of 64 tokens, 8 `infill` of 3 masked tokens in a 13-token text, 8 `continue`",
-        "of 48 tokens; seeds 0–47 and 0–7; the default sampler, dpmpp-3m, 10 steps; 1 thread per request),",
+        "of 48 tokens; seeds 0–47 and 0–7; the default sampler, 10 steps; 1 thread per request),",
         "on a `LocalCluster` of 1 and of 2 worker processes with one thread each, and serially in the",
         "client's process (`generate_serial`, the same function without Dask). Every batch's results",
         "were checked equal to the serial run's.",
