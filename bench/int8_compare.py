@@ -19,7 +19,8 @@ speed: paired rounds; in each, for every thread count and T one after the other:
   ldlm_bench's denoiser_T (bf16) and denoiser_int8_T (ldlm-base denoiser, generator
   weights, B 1), then one PyTorch process per thread count and environment variant of
   bench/compare.py timing fp32 and quantize_dynamic on every engine torch has of onednn
-  and fbgemm (median of timed calls; the fastest variant counts). Medians and ranges of the times and of the per-round ratios.
+  and fbgemm (median of timed calls; the fastest variant counts). Medians and ranges of
+  the times and of the per-round ratios.
 rss: peak RSS (the kernel's maxrss of the one process) of `ldlm generate --length N`
   on ldlm-base generator weights: fp32 and int8 quantized at load (--init-seed), and
   int8 from a quantized checkpoint that `ldlm quantize` writes first (its size too).
@@ -139,6 +140,7 @@ def clean_env(**extra) -> dict:
 def accuracy(build: str, T: int = 256, threads: int = 2) -> str:
     """Every trained module at fp32, bf16 and int8 against PyTorch fp32, beside quantize_dynamic."""
     import torch
+    from reference import ldlm_torch as lt
     from reference.safetensors_io import read_safetensors, write_safetensors
 
     torch.set_num_threads(threads)
@@ -148,8 +150,7 @@ def accuracy(build: str, T: int = 256, threads: int = 2) -> str:
              "|---|---|---|---|---|"]
     for module, (_, input_names, output) in MODULES.items():
         fp32, quantized = torch_modules(module=module)
-        d = 768  # ldlm-base's d_model
-        inputs = {name: torch.full((1,), 0.5) if name == "t" else uniform(1, T, d, seed=1 + n)
+        inputs = {name: torch.full((1,), 0.5) if name == "t" else uniform(1, T, lt.LDLM_BASE.d_model, seed=1 + n)
                   for n, name in enumerate(input_names)}
         with torch.no_grad():
             ref = fp32(*inputs.values())
@@ -213,6 +214,8 @@ def torch_worker(args) -> None:
 
 def speed_rounds(args) -> list:
     bench = os.path.join(args.build, "bench", "ldlm_bench")
+    flags = proc_cpu_flags()
+    variants = runnable_variants(list(default_variants(flags)), flags)
     rounds = []
     for r in range(args.rounds):
         row = {}
@@ -222,7 +225,7 @@ def speed_rounds(args) -> list:
                     row[f"{k}/{T}/{threads}"] = v
             # PyTorch at its best: every variant of compare.py (allocator, ISA, OpenBLAS core),
             # the fastest per model and T; the ambient environment maps large temporaries.
-            for variant in runnable_variants(list(default_variants(proc_cpu_flags())), proc_cpu_flags()):
+            for variant in variants:
                 env = dict(torch_env(variant), **{v: str(threads) for v in THREAD_VARS})
                 res = subprocess.run([sys.executable, os.path.abspath(__file__), "torch-worker", "--threads",
                                       str(threads), "--reps", str(args.reps), "--T", ",".join(map(str, args.T))],

@@ -33,8 +33,8 @@ const LDLM<S>& small_model() {
 /// (docs/model.md §int8), written out here apart from the modules' own marks: every
 /// map of the trained modules but the denoiser's conditioning and its two ends.
 inline bool quantized_at_int8(std::string_view name) {
-  for (std::string_view stays_bf16 : {"feature_model.", "denoiser.input_proj.", "denoiser.time_emb.",
-                                      "denoiser.output_layer."})
+  for (std::string_view stays_bf16 :
+       {"feature_model.", "denoiser.input_proj.", "denoiser.time_emb.", "denoiser.output_layer."})
     if (name.starts_with(stays_bf16)) return false;
   return name.find("adaLN_modulation") == std::string_view::npos;
 }
@@ -43,8 +43,8 @@ inline bool quantized_at_int8(std::string_view name) {
 /// encoder or latent decoder layer (4 projections and the FFN's 2), the latent decoder's
 /// embedding FFN, 7 in a token decoder block (4 projections and SwiGLU's 3), lm_head.
 inline int int8_weight_count(const Config& c) {
-  return 4 * c.denoiser_blocks + 6 * c.encoder_layers + 6 * c.latent_decoder_layers + 2 +
-         7 * c.token_decoder_layers + 1;
+  return 4 * c.denoiser_blocks + 6 * c.encoder_layers + 6 * c.latent_decoder_layers + 2 + 7 * c.token_decoder_layers +
+         1;
 }
 
 using NamedOutputs = std::vector<std::pair<std::string, Tensor3<float>>>;

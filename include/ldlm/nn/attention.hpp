@@ -75,11 +75,11 @@ struct FusedSelfAttention {
     attn_qkv.visit(prefix + "attn_qkv.", f);
     attn_out.visit(prefix + "attn_out.", f);
   }
+
   /// Marks its projections as ones Precision::int8 quantizes (docs/model.md §int8).
   void quantize_at_int8() {
     for (Linear<S>* map : {&attn_qkv, &attn_out}) map->weight.quantize_at_int8();
   }
-
 
   /// x, y: [B*T, d]; y must not alias x. `rotary` may be null (built on the fly).
   /// y is written, or a gated residual added to (attn_out's product adds to it
@@ -122,11 +122,11 @@ struct SelfAttention {
     v_proj.visit(prefix + "v_proj.", f);
     o_proj.visit(prefix + "o_proj.", f);
   }
+
   /// Marks its projections as ones Precision::int8 quantizes (docs/model.md §int8).
   void quantize_at_int8() {
     for (Linear<S>* map : {&q_proj, &k_proj, &v_proj, &o_proj}) map->weight.quantize_at_int8();
   }
-
 
   void forward(Context& ctx, ConstMatRef<S> x, Index B, Index T, const RotaryTable<S>* rotary, MatRef<S> y) const {
     Arena::Scope scope(ctx.arena());
@@ -207,12 +207,12 @@ struct LatentAttention {
     }
     projector_latents.visit(prefix + "projector_latents.", f);
   }
+
   /// Marks its projections as ones Precision::int8 quantizes (docs/model.md §int8).
   void quantize_at_int8() {
     for (Linear<S>* map : {&latents_to_Q, &latents_to_KV, &embeddings_to_KV, &projector_latents})
       map->weight.quantize_at_int8();
   }
-
 
   /// context c: [B*Tc, d]; queries x: [B*Tq, d]; y: [B*Tq, d], must not alias x or c.
   void forward(Context& ctx, ConstMatRef<S> c, Index Tc, ConstMatRef<S> x, Index B, Index Tq, MatRef<S> y) const {

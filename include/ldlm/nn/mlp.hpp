@@ -46,11 +46,11 @@ struct PerceiverFFN {
     up.visit(prefix + "ffd.1.", f);
     down.visit(prefix + "ffd.4.", f);
   }
+
   /// Marks its maps as ones Precision::int8 quantizes (docs/model.md §int8).
   void quantize_at_int8() {
     for (Linear<S>* map : {&up, &down}) map->weight.quantize_at_int8();
   }
-
 
   /// y must not alias x.
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
@@ -75,11 +75,11 @@ struct SwiGLU {
     up_proj.visit(prefix + "up_proj.", f);
     down_proj.visit(prefix + "down_proj.", f);
   }
+
   /// Marks its maps as ones Precision::int8 quantizes (docs/model.md §int8).
   void quantize_at_int8() {
     for (Linear<S>* map : {&gate_proj, &up_proj, &down_proj}) map->weight.quantize_at_int8();
   }
-
 
   /// y must not alias x.
   void forward(Context& ctx, ConstMatRef<S> x, MatRef<S> y) const {
@@ -107,11 +107,11 @@ struct GeluMLP {
     fc1.visit(prefix + "0.", f);
     fc2.visit(prefix + "2.", f);
   }
+
   /// Marks its maps as ones Precision::int8 quantizes (docs/model.md §int8).
   void quantize_at_int8() {
     for (Linear<S>* map : {&fc1, &fc2}) map->weight.quantize_at_int8();
   }
-
 
   /// y = mlp(x), or y.residual += gate ⊙ mlp(x), fused into fc2's product on bf16
   /// kernels. y must not alias x.

@@ -165,12 +165,12 @@ TEST(PackedMatrixInt8, EveryMapOfTheTrainedModulesButTheDenoisersConditioningIsQ
   int quantized = 0;
   visit_parameters(model, "", [&](const std::string& name, const auto& p) {
     if constexpr (requires { p.packed(); }) {
-      const bool expected = test::quantized_at_int8(name);
-      EXPECT_EQ(p.packed()->path() == ProductPath::int8_native, expected) << name;
+      const bool expected = test::quantized_at_int8(name), int8 = p.packed()->path() == ProductPath::int8_native;
+      EXPECT_EQ(int8, expected) << name;
       if (!expected) {
         EXPECT_EQ(p.packed()->precision(), Precision::bf16) << name;
       }
-      quantized += p.packed()->path() == ProductPath::int8_native;
+      quantized += int8;
     }
   });
   EXPECT_EQ(quantized, test::int8_weight_count(test::small_config()));
