@@ -20,7 +20,9 @@ speed: paired rounds; in each, for every thread count and T one after the other:
   weights, B 1), then one PyTorch process per thread count and environment variant of
   bench/compare.py timing fp32 and quantize_dynamic on every engine torch has of onednn
   and fbgemm (median of timed calls; the fastest variant counts). Medians and ranges of
-  the times and of the per-round ratios.
+  the times and of the per-round ratios. The report then runs --paired-rounds more
+  rounds of the targets' cell alone (T 1024, 1 thread): ldlm int8 and PyTorch int8 on
+  its winning variant, one right after the other, in alternating order.
 rss: peak RSS (the kernel's maxrss of the one process) of `ldlm generate --length N`
   on ldlm-base generator weights: fp32 and int8 quantized at load (--init-seed), and
   int8 from a quantized checkpoint that `ldlm quantize` writes first (its size too).
@@ -283,6 +285,39 @@ def speed_table(rounds: list, Ts: list) -> tuple[str, dict]:
     return text, targets
 
 
+def paired_target_rounds(args, rounds: list) -> list:
+    """--paired-rounds N: N more rounds at the targets' cell (the largest T, 1 thread), each an ldlm int8 run and
+    a PyTorch run on the variant that won that cell's int8 most often in the main rounds, one right after the
+    other, in alternating order. Returns each round's PyTorch int8 / ldlm int8. The main rounds pair runs that
+    are minutes apart, and on a shared host the clock moves that much from one minute to the next: ldlm alone
+    read 423-494 ms at T 1024 in two runs a minute apart (bench/results/README.md, "the arena's second pass")."""
+    T = max(args.T)
+    bench = os.path.join(args.build, "bench", "ldlm_bench")
+    winners = [row.get(f"variant:torch_int8_{e}/{T}/1") for row in rounds for e in TORCH_ENGINES]
+    winners = [w for w in winners if w]
+    variant = max(set(winners), key=winners.count)
+    env = dict(torch_env(variant), **{v: "1" for v in THREAD_VARS})
+    ratios = []
+    for r in range(args.paired_rounds):
+        def run_ldlm():
+            return ldlm_times(bench, T, 1, args.reps)["ldlm_int8"]
+
+        def run_torch():
+            res = subprocess.run([sys.executable, os.path.abspath(__file__), "torch-worker", "--threads", "1",
+                                  "--reps", str(args.reps), "--T", str(T)], check=True, env=env,
+                                 capture_output=True, text=True)
+            return min(v for k, v in json.loads(res.stdout).items() if k.startswith("torch_int8_"))
+        if r % 2 == 0:
+            ours, theirs = run_ldlm(), run_torch()
+        else:
+            theirs = run_torch()
+            ours = run_ldlm()
+        ratios.append(theirs / ours)
+        print(f"paired round {r + 1} ({variant}): ldlm {ours:.0f} ms, PyTorch int8 {theirs:.0f} ms",
+              file=sys.stderr, flush=True)
+    return ratios
+
+
 def speed(args) -> str:
     rounds = speed_rounds(args)
     if args.json:
@@ -403,7 +438,9 @@ def report(args) -> None:
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     import torch
-    speed_text, targets = speed_table(speed_rounds(args), args.T)
+    rounds = speed_rounds(args)
+    speed_text, targets = speed_table(rounds, args.T)
+    paired = paired_target_rounds(args, rounds) if args.paired_rounds else []
     rss_text, rss_figures = rss(args)
     words_text, words_figures = words(args)
     accuracy_text = accuracy(args.build)
@@ -429,7 +466,10 @@ def report(args) -> None:
              "## Targets (issue 38, T = " + str(targets.get("T", "?")) + ", 1 thread)", "",
              f"- ldlm int8 ≥ 1.5x ldlm bf16: {met(targets['bf16_over_int8'], targets['bf16_over_int8'] >= 1.5)}",
              f"- ldlm int8 ≥ 2.5x PyTorch int8: "
-             f"{met(targets['torch_int8_over_int8'], targets['torch_int8_over_int8'] >= 2.5)}",
+             f"{met(targets['torch_int8_over_int8'], targets['torch_int8_over_int8'] >= 2.5)} (the main rounds)"
+             + (f"; {met(statistics.median(paired), statistics.median(paired) >= 2.5)} [{min(paired):.2f}–"
+                f"{max(paired):.2f}] as the median of {len(paired)} rounds paired run by run (`--paired-rounds`)"
+                if paired else ""),
              f"- peak RSS of generate at int8 ≤ 0.35x fp32's, from a quantized checkpoint: "
              f"{met(rss_figures['rss_ratio_file'], rss_figures['rss_ratio_file'] <= 0.35)}; quantized at load: "
              f"{rss_figures['rss_ratio_load']:.2f}", "",
@@ -452,6 +492,8 @@ def main() -> None:
         parsers[name].add_argument("--rounds", type=int, default=3)
         parsers[name].add_argument("--reps", type=int, default=3)
         parsers[name].add_argument("--T", type=Ts, default=[128, 256, 512, 1024])
+    parsers["report"].add_argument("--paired-rounds", type=int, default=5,
+                                   help="rounds of the targets' cell alone, ldlm and PyTorch run by run (0: none)")
     parsers["speed"].add_argument("--json", help="also write every round's figures here")
     parsers["report"].add_argument("--out", help="the report's path; default bench/results/int8-<cpu>.md")
     for name in ("report", "rss"):

@@ -119,6 +119,18 @@ template <class S, class E>
 void exponentiate_tile_scores(MatrixMap<S> P, Index first_query, bool causal, S cap, bool bf16_probabilities,
                               E* probabilities, S* row_sum) {
   const Index rows = P.rows(), keys = P.cols();
+#if defined(LDLM_HAVE_AVX512_SOFTMAX)
+  // bf16 operands mean bf16 instructions: the AMX kernel's one-pass row, which needs no
+  // pass for the maximum under a cap and writes the bf16 probabilities as it normalises.
+  if constexpr (std::is_same_v<E, bf16> && std::is_same_v<S, float>) {
+    if (bf16_probabilities && cpu_features().avx512_bf16 && cpu_features().avx512bw && cpu_features().avx512dq) {
+      for (Index r = 0; r < rows; ++r)
+        softmax_row_to_bf16_avx512(P.row(r).data(), causal ? first_query + r + 1 : keys, keys, 1.0f, cap,
+                                   probabilities + r * keys);
+      return;
+    }
+  }
+#endif
   for (Index r = 0; r < rows; ++r) {
     const Index visible = causal ? first_query + r + 1 : keys;
     row_sum[r] = exp_shifted_capped(P.row(r).data(), visible, cap);

@@ -277,7 +277,9 @@ __attribute__((target("avx2,fma"))) inline float exp_shifted_capped_avx2(float* 
 /// The softmax row of bf16 attention on AMX (ops/attention.hpp), with the scale of
 /// QKᵀ folded in (AMX's products cannot scale): e_j = exp(capped(scale · s_j) − m)
 /// and their sum; then e_j / Σ rounded to bf16 by AVX512_BF16's instruction, into
-/// probabilities[0, visible), and zeros up to `padded` (a multiple of 32).
+/// probabilities[0, visible), and zeros up to `padded` (padded ≥ visible). Also the
+/// softmax of bf16 attention on oneDNN's kernels (scale 1: their product scales), so
+/// both bf16 paths round the same probabilities.
 /// - The shift m only keeps the exponentials in range, and cancels in e_j / Σ. With
 ///   a cap c ≤ 64 every capped score lies in [−c, c], so m = 0: e^(±c) is a normal
 ///   float (e^±64 is 2^±92.3) and 2^24 of them sum to at most 2^117. That saves the
@@ -296,8 +298,8 @@ __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16"))) inline void soft
     float* scores, Index visible, Index padded, float scale, float cap, bf16* probabilities) {
   using V = simd::F32x16;
   using namespace softmax_simd;
-  if (visible < 1 || padded < visible || padded % 32 != 0)
-    throw InvalidArgument("softmax_row_to_bf16: needs 1 <= visible <= padded, padded a multiple of 32; got visible " +
+  if (visible < 1 || padded < visible)
+    throw InvalidArgument("softmax_row_to_bf16: needs 1 <= visible <= padded; got visible " +
                           std::to_string(visible) + ", padded " + std::to_string(padded));
   constexpr float kLargestUnshiftedCap = 64.0f;
   constexpr Index kLongestUnshiftedRow = Index{1} << 24;
@@ -345,17 +347,21 @@ __attribute__((target("avx512f,avx512dq,avx512bw,avx512bf16"))) inline void soft
     sum = select(tail, sum + e, sum);
   }
   const V inverse = V::set1(1.0f / simd::sum_of_lanes(sum));
-  auto store_pair = [&](Index j, V a, V b) __attribute__((target("avx512f,avx512bf16"))) {
-    _mm512_storeu_si512(probabilities + j, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b.v, a.v)));
+  auto store_pair = [&](Index j, V a, V b, __mmask32 stored) __attribute__((target("avx512f,avx512bw,avx512bf16"))) {
+    _mm512_mask_storeu_epi16(probabilities + j, stored, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b.v, a.v)));
   };
+  constexpr __mmask32 kAll = ~__mmask32{0};
   Index j = 0;
-  for (; j + 32 <= visible; j += 32) store_pair(j, V::load(scores + j) * inverse, V::load(scores + j + 16) * inverse);
-  // The last visible values and the zeros after them. The product is masked as well as
-  // the load: a NaN row's inverse would turn a zero into NaN.
+  for (; j + 32 <= visible; j += 32)
+    store_pair(j, V::load(scores + j) * inverse, V::load(scores + j + 16) * inverse, kAll);
+  // The last visible values and the zeros after them, up to `padded`. The product is
+  // masked as well as the load: a NaN row's inverse would turn a zero into NaN.
   for (; j < padded; j += 32) {
     const V::Mask low = V::first(visible - j), high = V::first(visible - j - 16);
+    const Index left = padded - j;
     store_pair(j, zero_unless(low, V::load(low, scores + j) * inverse),
-               zero_unless(high, V::load(high, scores + j + 16) * inverse));
+               zero_unless(high, V::load(high, scores + j + 16) * inverse),
+               left >= 32 ? kAll : static_cast<__mmask32>((__mmask32{1} << left) - 1));
   }
 }
 LDLM_INTRINSICS_END

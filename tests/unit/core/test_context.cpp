@@ -223,6 +223,32 @@ TEST(Context, WorkerArenasBelongToTheirWorkers) {
   EXPECT_GT(two.worker_arena(0).capacity() + two.worker_arena(1).capacity(), 0u);
 }
 
+// A sampling loop repeats one pass of the same shapes: from its second call on, the pass
+// must land on the bytes the first one made resident, with no new block (bench/results/
+// README.md, "the arena's second pass": merging the blocks cost the second call its
+// page faults again).
+TEST(Context, ArenaRepeatedPassReusesTheSameBytes) {
+  Arena arena;
+  const auto pass = [&] {
+    std::vector<const void*> at;
+    Arena::Scope outer(arena);
+    at.push_back(arena.allocate<float>(100));
+    {
+      Arena::Scope inner(arena);
+      at.push_back(arena.allocate<float>(5000));  // beyond the first block
+      at.push_back(arena.allocate<double>(70000));
+    }
+    at.push_back(arena.allocate<std::byte>(300000));
+    return at;
+  };
+  const std::vector<const void*> first = pass();
+  const std::size_t capacity = arena.capacity();
+  for (int call = 2; call <= 3; ++call) {
+    EXPECT_EQ(pass(), first) << "call " << call;
+    EXPECT_EQ(arena.capacity(), capacity) << "call " << call;
+  }
+}
+
 TEST(Context, ArenaRejectsByteCountsThatOverflow) {
   Arena arena;
   constexpr std::size_t kSizeMax = std::numeric_limits<std::size_t>::max();

@@ -186,9 +186,12 @@ TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
       for (float cap : {0.0f, 50.0f, 1.0f, 64.0f, 88.0f, 100.0f})
         for (float scale : {1.0f, 0.125f, 0.3f}) {
           const std::vector<float> scores = random_scores(static_cast<std::size_t>(n), spread, ++seed);
-          const Index padded = (n + 31) / 32 * 32 + 32;  // one block of zeros beyond the rounding
+          // AMX's padding (whole blocks of 32, one beyond the rounding) alternates with
+          // the oneDNN path's (none, or a causal row's keys up to its tile's last).
+          const Index padded = seed % 2 ? (n + 31) / 32 * 32 + 32 : n + seed % 3 * 7;
           std::vector<float> row = scores;
-          std::vector<bf16> p(static_cast<std::size_t>(padded), float_to_bf16(7.0f));
+          // Sentinels past `padded`: the row's last store is masked, not rounded up to 32.
+          std::vector<bf16> p(static_cast<std::size_t>(padded + 40), float_to_bf16(7.0f));
           detail::softmax_row_to_bf16_avx512(row.data(), n, padded, scale, cap, p.data());
           const std::vector<double> e = exp_shifted_capped_in_double(scores, cap, scale);
           double sum = 0;
@@ -207,6 +210,9 @@ TEST(SoftmaxRow, Bf16ProbabilitiesMatchTheDefinitionInDoubleAndPadWithZeros) {
                                 << e[static_cast<std::size_t>(worst_at)] / sum;
           for (Index j = n; j < padded; ++j)
             ASSERT_EQ(bf16_to_float(p[static_cast<std::size_t>(j)]), 0.0f) << "n = " << n << ", padding at " << j;
+          for (Index j = padded; j < padded + 40; ++j)
+            ASSERT_EQ(bf16_to_float(p[static_cast<std::size_t>(j)]), 7.0f)
+                << "n = " << n << ", padded " << padded << ": wrote past the padding at " << j;
         }
 }
 
@@ -233,11 +239,11 @@ TEST(SoftmaxRow, Bf16ProbabilitiesRejectARowThatDoesNotFitItsPadding) {
   std::vector<float> row(64, 1.0f);
   std::vector<bf16> p(64);
   EXPECT_THAT(
-      error_of<InvalidArgument>([&] { detail::softmax_row_to_bf16_avx512(row.data(), 40, 48, 1, 0, p.data()); }),
-      HasSubstr("got visible 40, padded 48"));
+      error_of<InvalidArgument>([&] { detail::softmax_row_to_bf16_avx512(row.data(), 0, 32, 1, 0, p.data()); }),
+      HasSubstr("needs 1 <= visible <= padded; got visible 0, padded 32"));
   EXPECT_THAT(
-      error_of<InvalidArgument>([&] { detail::softmax_row_to_bf16_avx512(row.data(), 40, 32, 1, 0, p.data()); }),
-      HasSubstr("got visible 40, padded 32"));
+      error_of<InvalidArgument>([&] { detail::softmax_row_to_bf16_avx512(row.data(), 40, 39, 1, 0, p.data()); }),
+      HasSubstr("got visible 40, padded 39"));
 }
 
 TEST(SoftmaxRow, Bf16ProbabilitiesOfARowWithANanAreNan) {
