@@ -109,10 +109,14 @@ const M& cached_module(benchmark::State& state, const std::string& name, ldlm::P
   return *static_cast<const M*>(entry.module.get());
 }
 
-// One untimed call first: it grows the context's arena to its steady size, which
-// a sampling loop pays once, not per step.
+// Two untimed calls first, as a sampling loop's first two steps: the first grows the
+// context's arena, whose blocks are merged into one when it ends; the second faults in
+// that block's pages (core/context.hpp). From the third call on, a call touches no
+// fresh page, which is the cost per step of a loop (bench/results/README.md, "the
+// arena's second call").
 template <class Body>
 void run_case(benchmark::State& state, double flops, Body&& body) {
+  body();
   body();
   for (auto _ : state) {
     body();

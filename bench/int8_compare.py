@@ -290,7 +290,7 @@ def paired_target_rounds(args, rounds: list) -> list:
     a PyTorch run on the variant that won that cell's int8 most often in the main rounds, one right after the
     other, in alternating order. Returns each round's PyTorch int8 / ldlm int8. The main rounds pair runs that
     are minutes apart, and on a shared host the clock moves that much from one minute to the next: ldlm alone
-    read 423-494 ms at T 1024 in two runs a minute apart (bench/results/README.md, "the arena's second pass")."""
+    read 423-494 ms at T 1024 in two runs a minute apart (bench/results/README.md, "the arena's second call")."""
     T = max(args.T)
     bench = os.path.join(args.build, "bench", "ldlm_bench")
     winners = [row.get(f"variant:torch_int8_{e}/{T}/1") for row in rounds for e in TORCH_ENGINES]

@@ -133,20 +133,25 @@ class ThreadPool {
 
 /// Scratch memory reused across layers and sampling steps. Allocation is a pointer
 /// bump inside blocks; a Scope gives back everything allocated since it opened.
-/// Blocks are kept as they are: a repeated pass of the same shapes makes the same
-/// allocations in the same order, so it lands on the same, already resident, bytes
-/// and allocates nothing. (Merging a pass's blocks into one fresh block, as the arena
-/// once did, made the second pass fault in and zero those pages again: 3481 page
-/// faults in the second int8 denoiser call at T 1024, bench/results/README.md, "the
-/// arena's second pass".)
+/// After a pass that needed several blocks, they are merged into one: a repeated pass
+/// of the same shapes then allocates nothing, and a different pass (the token
+/// decoder's logit block after the denoiser's calls) finds room in pages already
+/// resident instead of a block of its own. The merged block is fresh memory, so the
+/// pass right after a merge faults its pages in once; from the next one on, a pass
+/// of the same shapes touches no fresh page. (Keeping the blocks unmerged spared
+/// that pass its faults but cost generate's peak RSS 22 MB at T 1024:
+/// bench/results/README.md, "the arena's second call".)
 class Arena {
  public:
   class Scope {
    public:
-    explicit Scope(Arena& arena) : arena_(arena), block_(arena.current_), offset_(arena.offset_) {}
+    explicit Scope(Arena& arena) : arena_(arena), block_(arena.current_), offset_(arena.offset_) { ++arena.depth_; }
     ~Scope() {
       arena_.current_ = block_;
       arena_.offset_ = offset_;
+      // Merge blocks only once the arena is empty again: memory handed out while no
+      // Scope was open lives on and must not be freed.
+      if (--arena_.depth_ == 0 && block_ == 0 && offset_ == 0) arena_.coalesce();
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -204,8 +209,19 @@ class Arena {
     std::size_t size;
   };
 
+  void coalesce() {
+    if (blocks_.size() > 1) {
+      const std::size_t total = capacity();
+      blocks_.clear();
+      blocks_.push_back(Block(total));
+    }
+    current_ = 0;
+    offset_ = 0;
+  }
+
   std::vector<Block> blocks_;
   std::size_t current_ = 0, offset_ = 0;
+  int depth_ = 0;
 };
 
 /// What a forward pass runs with. Cheap to create; one per calling thread.
