@@ -140,8 +140,7 @@ TEST(ResearchTimeGridSearch, CompassSearchFindsAQuadraticsMinimum) {
 }
 
 // The whole fit: from the λ grid, the search lowers unipc-3m's final error at 4 steps by at
-// least a third, and what it returns is a valid grid whose error is the
-// one it reports.
+// least a third, and what it returns is a valid grid whose error is the one it reports.
 TEST(ResearchTimeGridSearch, EndToEndFitBeatsTheLambdaGridOnTheGaussian) {
   const GaussianSeeds seeds(3);
   const LambdaGaps gaps{seeds.schedule, kTMin};
