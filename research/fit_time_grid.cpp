@@ -1,35 +1,45 @@
-// A time grid fitted to the model (docs/model.md §Time grids, "fitted"), in the manner of
-// GITS (Chen et al. 2024) and DM-NonUniform (Xue et al. 2024): the N-step grid that
-// minimises the summed local error of the solver's steps along fine reference trajectories,
-// by dynamic programming over a fine set of candidate times.
+// A time grid fitted to the model (docs/model.md §Time grids, "fitted"), two ways:
+// - `dp`, in the manner of GITS (Chen et al. 2024) and DM-NonUniform (Xue et al. 2024): the
+//   N-step grid that minimises the summed local error of the solver's steps along fine
+//   reference trajectories, by dynamic programming over a fine set of candidate times;
+// - `end-to-end`, after LD3 (Tong et al. 2025) without derivatives: the grid that minimises
+//   the final error of the real solver run on it (research/time_grid_search.hpp).
 //
 //   ldlm_fit_time_grid --weights W.safetensors --output R.json [--fit-seeds 100-131]
 //       [--eval-seeds 0-7] [--length T] [--steps 6,8,10,15] [--reference-steps N]
-//       [--candidates M] [--norms alpha,x,sigma] [--histories 0,1]
-//       [--samplers ipndm,...] [--self-conditions extrapolated,...] [--threads N]
+//       [--methods dp,end-to-end] [--candidates M] [--norms alpha,x,sigma] [--histories 0,1]
+//       [--budget E] [--samplers ipndm,...] [--self-conditions extrapolated,...] [--threads N]
 //       [--write-metadata W.safetensors]
+//   ldlm_fit_time_grid --grids-from R.json --write-metadata W.safetensors
 //
 // 1. Reference: for every seed, Euler on the probability-flow ODE (`ode`) with N uniform
 //    steps from the seed's noise, the reference of research/results/calls-demo-*.md. At M
 //    candidate times (a subset of its grid: t = 1, t_min, and the rest evenly spaced in
 //    λ) it keeps x_ref and the denoiser's x̂0 there, D_ref.
-// 2. Cost of a step from candidate i to j: the data-prediction solver's step from x_ref(t_i)
-//    with D_ref(t_i), against x_ref(t_j). With history 1 the step is DPM-Solver++(2M)'s,
-//    whose slope also reads D_ref at the previous node k, so the dynamic programme runs on
-//    pairs (k, i); with history 0 it is ddim's (GITS's choice). The norm is per position:
-//    the RMS over a position's d values of the error, scaled by w(t_j), averaged over
-//    positions and seeds. A token changes when its position's latent moves past a margin,
-//    so a mean over positions of per-position errors follows the share of changed ids
-//    more closely than one RMS over everything, which a few large errors dominate. w is
-//    1/α (alpha: the error in the data's units, x/α; no contraction assumed), 1 (x) or 1/σ
-//    (sigma: the error relative to the noise, as if the denoiser ignored x).
-// 3. Every (norm, history) fit and Karras' grid are run with the real solvers on the
-//    fitting seeds and on the evaluation seeds (disjoint), as the share of decoded ids at
-//    x(t_min) equal to the reference's. For each N, the fit best on the *fitting* seeds
-//    with the first sampler and self-condition is the one written.
-// 4. --write-metadata rewrites W's safetensors header with `ldlm.time_grid.<N>` = JSON list
+// 2. dp. Cost of a step from candidate i to j: the data-prediction solver's step from
+//    x_ref(t_i) with D_ref(t_i), against x_ref(t_j). With history 1 the step is
+//    DPM-Solver++(2M)'s, whose slope also reads D_ref at the previous node k, so the dynamic
+//    programme runs on pairs (k, i); with history 0 it is ddim's (GITS's choice). The norm is
+//    per position (as research::per_position_error says why): the RMS over a position's d
+//    values of the error, scaled by w(t_j), averaged over positions and seeds. w is 1/α (alpha: the error in the
+//    data's units, x/α; no contraction assumed), 1 (x) or 1/σ (sigma: the error relative to
+//    the noise, as if the denoiser ignored x).
+// 3. end-to-end. The objective of a grid is the first sampler with the first self-condition
+//    run on it from every fitting seed's noise, its x(t_min) against x_ref(t_min), per
+//    position as above, averaged over the fitting seeds; one evaluation is N calls per seed.
+//    At t_min the three norms differ by a constant factor, so there is one; and it is
+//    smooth in the times, where the share of equal ids is a step function of them. The grid
+//    is the N − 1 logs of its gaps in λ (LambdaGaps: any gaps double resolves make a valid
+//    grid), searched by compass search from the λ grid, steps from 0.5 (a gap times e^±0.5)
+//    down to 1/32, at most E evaluations.
+// 4. Every fit, Karras' grid and the λ grid are run with the real solvers on the fitting seeds
+//    and on the evaluation seeds (disjoint), as the share of decoded ids at x(t_min) equal to
+//    the reference's. For each N, the fit best on the *fitting* seeds with the first sampler
+//    and self-condition is the one written.
+// 5. --write-metadata rewrites W's safetensors header with `ldlm.time_grid.<N>` = JSON list
 //    of the N + 1 times (kTimeGridMetadataPrefix); the tensor bytes and their offsets are
 //    untouched (the data section follows the header, and offsets count from its start).
+//    --grids-from R.json writes the grids an earlier run chose (R's "chosen") and fits nothing.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -47,6 +57,7 @@
 #include "ldlm/ldlm.hpp"
 
 #include "eval_args.hpp"
+#include "time_grid_search.hpp"
 
 namespace {
 
@@ -279,13 +290,37 @@ double mean(const std::vector<double>& v) {
 
 int main(int argc, char** argv) try {
   const std::vector<std::string> args(argv + 1, argv + argc);
+  // --grids-from R.json --write-metadata W: the grids an earlier run chose, written into W
+  // without fitting again (one fit, then an evaluation copy and the shipped file).
+  if (const std::string from = arg(args, "grids-from", ""); !from.empty()) {
+    const std::string target = arg(args, "write-metadata", "");
+    if (target.empty()) throw InvalidArgument("ldlm_fit_time_grid: --grids-from needs --write-metadata");
+    std::ifstream in(from);
+    if (!in) throw IoError("ldlm_fit_time_grid: cannot read '" + from + "'");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const nlohmann::json run = read_json(text, [&](const JsonProblem& p) {
+      throw InvalidArgument("ldlm_fit_time_grid: --grids-from '" + from + "': " + p.message);
+    });
+    // "chosen" is a list of [steps, [times]] pairs, as nlohmann writes a map with int keys.
+    std::map<int, std::vector<double>> grids;
+    try {
+      grids = run.at("chosen").get<std::map<int, std::vector<double>>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw InvalidArgument("ldlm_fit_time_grid: --grids-from '" + from +
+                            "': expected \"chosen\", a list of [steps, [times]] pairs: " + e.what());
+    }
+    write_metadata(target, grids);
+    return 0;
+  }
   const std::string weights_path = arg(args, "weights", ""), output = arg(args, "output", "");
   if (weights_path.empty() || output.empty()) {
     std::fprintf(stderr,
                  "usage: ldlm_fit_time_grid --weights W.safetensors --output R.json [--fit-seeds 100-131]\n"
-                 "       [--eval-seeds 0-7] [--length T] [--steps 6,8,10,15] [--reference-steps N] [--candidates M]\n"
-                 "       [--norms alpha,x,sigma] [--histories 0,1] [--samplers a,b] [--self-conditions a,b]\n"
-                 "       [--threads N] [--write-metadata W.safetensors]\n");
+                 "       [--eval-seeds 0-7] [--length T] [--steps 6,8,10,15] [--reference-steps N]\n"
+                 "       [--methods dp,end-to-end] [--candidates M] [--norms alpha,x,sigma] [--histories 0,1]\n"
+                 "       [--budget E] [--samplers a,b] [--self-conditions a,b] [--threads N]\n"
+                 "       [--write-metadata W.safetensors]\n"
+                 "       ldlm_fit_time_grid --grids-from R.json --write-metadata W.safetensors\n");
     return 2;
   }
   const SafetensorsFile file = SafetensorsFile::open(weights_path);
@@ -314,6 +349,16 @@ int main(int argc, char** argv) try {
   }
   if (f.candidates.back() != reference_steps) f.candidates.push_back(reference_steps);
 
+  bool dp = false, end_to_end = false;
+  for (const auto& method : split(arg(args, "methods", "dp"))) {
+    if (method == "dp")
+      dp = true;
+    else if (method == "end-to-end")
+      end_to_end = true;
+    else
+      throw InvalidArgument("ldlm_fit_time_grid: --methods: unknown '" + method + "' (dp, end-to-end)");
+  }
+  const int budget = std::stoi(arg(args, "budget", "150"));
   std::vector<int> step_counts;
   for (const auto& s : split(arg(args, "steps", "6,8,10,15"))) step_counts.push_back(std::stoi(s));
   std::vector<Norm> norms;
@@ -363,7 +408,7 @@ int main(int argc, char** argv) try {
     grids.push_back({"karras", steps, time_grid(steps, config.t_min, schedule, TimeGridOptions{TimeGrid::karras})});
     grids.push_back({"lambda", steps, time_grid(steps, config.t_min, schedule, TimeGridOptions{TimeGrid::lambda})});
   }
-  for (std::size_t a = 0; a < norms.size(); ++a)
+  for (std::size_t a = 0; a < norms.size() && dp; ++a)
     for (const int history : histories) {
       const Costs costs = step_costs(f, fit_refs, norms[a], history != 0);
       for (const int steps : step_counts) {
@@ -372,6 +417,37 @@ int main(int argc, char** argv) try {
         grids.push_back({"fit-" + norm_names[a] + "-h" + std::to_string(history), steps, times});
       }
     }
+
+  if (end_to_end) {
+    const research::LambdaGaps gaps{schedule, config.t_min};
+    // Each fitting seed's converged x(t_min), the reference's last candidate.
+    std::vector<std::vector<float>> finals;
+    const std::size_t final_offset = (f.candidates.size() - 1) * std::size_t(f.n());
+    for (const Reference& r : fit_refs) finals.emplace_back(r.x.begin() + final_offset, r.x.end());
+    const auto run = [&](std::size_t i, std::span<const double> times) {
+      return f.run(fit_seeds[i], samplers[0], self_conditions[0], {times.begin(), times.end()});
+    };
+    const auto objective = [&](const std::vector<double>& log_gaps) {
+      return research::end_to_end_objective(gaps, run, finals, std::size_t(model.config.d_model),
+                                            1.0 / schedule.alpha(config.t_min), log_gaps);
+    };
+    for (const int steps : step_counts) {
+      const std::vector<double> start =
+          gaps.log_gaps(time_grid(steps, config.t_min, schedule, TimeGridOptions{TimeGrid::lambda}));
+      const double start_value = objective(start);
+      const auto report = [&](const research::SearchResult& r) {
+        std::fprintf(stderr, "end-to-end %2d steps: %4d evaluations, error %.5f (λ grid %.5f)\n", steps, r.evaluations,
+                     r.value, start_value);
+      };
+      const research::SearchResult found = research::compass_search(objective, start, 0.5, 1.0 / 32, budget, report);
+      out["end_to_end"].push_back({{"steps", steps},
+                                   {"evaluations", found.evaluations},
+                                   {"error_lambda", start_value},
+                                   {"error_fitted", found.value},
+                                   {"log_gaps", found.x}});
+      grids.push_back({"fit-end-to-end", steps, gaps.times(found.x)});
+    }
+  }
 
   std::map<int, std::pair<double, std::vector<double>>> chosen;  // steps -> (fit agreement, times)
   for (const Candidate& g : grids)
@@ -389,9 +465,11 @@ int main(int argc, char** argv) try {
                                {"self_condition", self_condition_names[c]},
                                {"times", g.times},
                                {"agreement_fit", mean(on_fit)},
-                               {"agreement_eval", mean(on_eval)}});
+                               {"agreement_eval", on_eval.empty() ? nlohmann::json() : nlohmann::json(mean(on_eval))},
+                               {"per_seed_fit", on_fit}});
         std::fprintf(stderr, "%-16s %2d steps  %-10s %-12s fit %.3f  eval %.3f\n", g.name.c_str(), g.steps,
-                     sampler_name.c_str(), self_condition_names[c].c_str(), mean(on_fit), mean(on_eval));
+                     sampler_name.c_str(), self_condition_names[c].c_str(), mean(on_fit),
+                     on_eval.empty() ? 0.0 : mean(on_eval));
         if (s == 0 && c == 0 && g.name.starts_with("fit-") &&
             (!chosen.count(g.steps) || mean(on_fit) > chosen[g.steps].first))
           chosen[g.steps] = {mean(on_fit), g.times};
