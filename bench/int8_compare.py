@@ -214,6 +214,15 @@ def torch_worker(args) -> None:
     print(json.dumps(out))
 
 
+def torch_times(variant: str, threads: int, reps: int, Ts: list) -> dict:
+    """torch_worker's {"<model>/<T>": ms}, in its own process under bench/compare.py's environment `variant`."""
+    env = dict(torch_env(variant), **{v: str(threads) for v in THREAD_VARS})
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), "torch-worker", "--threads", str(threads),
+                          "--reps", str(reps), "--T", ",".join(map(str, Ts))], check=True, env=env,
+                         capture_output=True, text=True)
+    return json.loads(res.stdout)
+
+
 def speed_rounds(args) -> list:
     bench = os.path.join(args.build, "bench", "ldlm_bench")
     flags = proc_cpu_flags()
@@ -228,11 +237,7 @@ def speed_rounds(args) -> list:
             # PyTorch at its best: every variant of compare.py (allocator, ISA, OpenBLAS core),
             # the fastest per model and T; the ambient environment maps large temporaries.
             for variant in variants:
-                env = dict(torch_env(variant), **{v: str(threads) for v in THREAD_VARS})
-                res = subprocess.run([sys.executable, os.path.abspath(__file__), "torch-worker", "--threads",
-                                      str(threads), "--reps", str(args.reps), "--T", ",".join(map(str, args.T))],
-                                     check=True, env=env, capture_output=True, text=True)
-                for k, v in json.loads(res.stdout).items():
+                for k, v in torch_times(variant, threads, args.reps, args.T).items():
                     key = f"{k}/{threads}"
                     if key not in row or v < row[key]:
                         row[key], row[f"variant:{key}"] = v, variant
@@ -289,24 +294,22 @@ def paired_target_rounds(args, rounds: list) -> list:
     """--paired-rounds N: N more rounds at the targets' cell (the largest T, 1 thread), each an ldlm int8 run and
     a PyTorch run on the variant that won that cell's int8 most often in the main rounds, one right after the
     other, in alternating order. Returns each round's PyTorch int8 / ldlm int8. The main rounds pair runs that
-    are minutes apart, and on a shared host the clock moves that much from one minute to the next: ldlm alone
-    read 423-494 ms at T 1024 in two runs a minute apart (bench/results/README.md, "the arena's second call")."""
+    are minutes apart, and on a shared host the clock moves that much from one minute to the next: PyTorch int8
+    alone read 1063 and 1198 ms at T 1024 two minutes apart (bench/results/README.md, "the arena's second call")."""
     T = max(args.T)
     bench = os.path.join(args.build, "bench", "ldlm_bench")
     winners = [row.get(f"variant:torch_int8_{e}/{T}/1") for row in rounds for e in TORCH_ENGINES]
     winners = [w for w in winners if w]
     variant = max(set(winners), key=winners.count)
-    env = dict(torch_env(variant), **{v: "1" for v in THREAD_VARS})
+
+    def run_ldlm():
+        return ldlm_times(bench, T, 1, args.reps)["ldlm_int8"]
+
+    def run_torch():
+        return min(v for k, v in torch_times(variant, 1, args.reps, [T]).items() if k.startswith("torch_int8_"))
+
     ratios = []
     for r in range(args.paired_rounds):
-        def run_ldlm():
-            return ldlm_times(bench, T, 1, args.reps)["ldlm_int8"]
-
-        def run_torch():
-            res = subprocess.run([sys.executable, os.path.abspath(__file__), "torch-worker", "--threads", "1",
-                                  "--reps", str(args.reps), "--T", str(T)], check=True, env=env,
-                                 capture_output=True, text=True)
-            return min(v for k, v in json.loads(res.stdout).items() if k.startswith("torch_int8_"))
         if r % 2 == 0:
             ours, theirs = run_ldlm(), run_torch()
         else:
