@@ -24,8 +24,10 @@ speed: paired rounds; in each, for every thread count and T one after the other:
   rounds of the targets' cell alone (T 1024, 1 thread): ldlm int8 and PyTorch int8 on
   its winning variant, one right after the other, in alternating order.
 rss: peak RSS (the kernel's maxrss of the one process) of `ldlm generate --length N`
-  on ldlm-base generator weights: fp32 and int8 quantized at load (--init-seed), and
-  int8 from a quantized checkpoint that `ldlm quantize` writes first (its size too).
+  on ldlm-base generator weights: fp32 and int8 quantized at load (--init-seed), int8
+  from a quantized checkpoint that `ldlm quantize` writes first (its size too), and
+  int8 quantized at load from an F32 checkpoint (that checkpoint dequantized), as a
+  real float checkpoint is read.
 words: the built-in demo model at fp32 and int8, seeds 0-7: the dictionary-word share
   (research/train/dictionary.py, the model card's measure) of generations of 64 tokens
   and of the fills of infill (8 masked tokens in each of 4 sentences of
@@ -351,10 +353,17 @@ def rss(args) -> tuple[str, dict]:
                        stdout=subprocess.DEVNULL)
         quantize_s = time.perf_counter() - start
         size_mb = os.path.getsize(quantized) / 1e6
+        float_file = os.path.join(tmp, "ldlm-base-f32.safetensors")
+        # In a process of its own: a child's maxrss starts from its parent's resident set
+        # at the fork, and this one would hold the dequantized tensors (3 GB).
+        subprocess.run([sys.executable, os.path.abspath(__file__), "dequantize-worker", quantized, float_file],
+                       check=True, env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "tools")))
         common = ["generate", "--length", str(args.length), "--steps", str(args.steps), "--threads", "2", "--ids"]
         runs = [("fp32, generator weights (--init-seed 7)", [cli] + common + ["--init-seed", "7"]),
                 ("int8 quantized at load (--init-seed 7)", [cli] + common + ["--init-seed", "7", "--precision", "int8"]),
-                ("int8 from the quantized checkpoint", [cli] + common + ["--weights", quantized, "--precision", "int8"])]
+                ("int8 from the quantized checkpoint", [cli] + common + ["--weights", quantized, "--precision", "int8"]),
+                ("int8 quantized at load from an F32 checkpoint",
+                 [cli] + common + ["--weights", float_file, "--precision", "int8"])]
         results = [(name, peak_rss_mb(cmd)) for name, cmd in runs]
     fp32 = results[0][1]
     lines = [f"Peak RSS of `ldlm generate --length {args.length} --steps {args.steps} --threads 2` on ldlm-base "
@@ -363,7 +372,24 @@ def rss(args) -> tuple[str, dict]:
     lines += ["", f"The quantized checkpoint (`ldlm quantize OUT --init-seed 7`, {quantize_s:.0f} s): "
               f"{size_mb:.0f} MB (the feature model generated from its seed, not stored)."]
     return "\n".join(lines) + "\n", {"rss_ratio_file": results[2][1] / fp32, "rss_ratio_load": results[1][1] / fp32,
-                                      "size_mb": size_mb}
+                                      "rss_ratio_float_file": results[3][1] / fp32, "size_mb": size_mb}
+
+
+def write_dequantized(quantized: str, out: str) -> None:
+    """An F32 checkpoint of the quantized one's model: each I8 weight times its scales,
+    every other tensor widened, the metadata kept but for 'ldlm.quantization'."""
+    import torch
+    from reference.safetensors_io import read_safetensors, write_safetensors
+    tensors, metadata = read_safetensors(quantized)
+    values = {}
+    for name, t in tensors.items():
+        if t.dtype == torch.int8:
+            values[name] = t.to(torch.float32) * tensors[name + ".scale"].to(torch.float32)[:, None]
+        elif not (name.endswith(".scale") and tensors.get(name[:-len(".scale")]) is not None
+                  and tensors[name[:-len(".scale")]].dtype == torch.int8):
+            values[name] = t.to(torch.float32)
+    metadata = {k: v for k, v in (metadata or {}).items() if k != "ldlm.quantization"}
+    write_safetensors(out, values, metadata)
 
 
 # ------------------------------------------------------------------------- words
@@ -475,7 +501,8 @@ def report(args) -> None:
                 if paired else ""),
              f"- peak RSS of generate at int8 ≤ 0.35x fp32's, from a quantized checkpoint: "
              f"{met(rss_figures['rss_ratio_file'], rss_figures['rss_ratio_file'] <= 0.35)}; quantized at load: "
-             f"{rss_figures['rss_ratio_load']:.2f}", "",
+             f"{rss_figures['rss_ratio_load']:.2f} (generator weights), {rss_figures['rss_ratio_float_file']:.2f} "
+             "(an F32 checkpoint)", "",
              "## Speed", "", speed_text, "## Peak RSS", "", rss_text, "## Dictionary-word share", "", words_text,
              "## Accuracy per module", "", accuracy_text]
     path = args.out or os.path.join(REPO, "bench", "results", f"int8-{cpu_slug(fields)}.md")
@@ -509,9 +536,14 @@ def main() -> None:
     w.add_argument("--threads", type=int, required=True)
     w.add_argument("--reps", type=int, default=3)
     w.add_argument("--T", type=Ts, required=True)
+    d = sub.add_parser("dequantize-worker")
+    d.add_argument("quantized")
+    d.add_argument("out")
     args = p.parse_args()
     if args.command == "torch-worker":
         return torch_worker(args)
+    if args.command == "dequantize-worker":
+        return write_dequantized(args.quantized, args.out)
     if args.command == "report":
         return report(args)
     out = {"speed": speed, "accuracy": lambda a: accuracy(a.build, a.T, a.threads), "rss": lambda a: rss(a)[0], "words": lambda a: words(a)[0]}

@@ -30,11 +30,12 @@ inline float uniform_pm1(std::uint64_t key, std::uint64_t index) {
 }
 }  // namespace detail
 
-/// Fills one parameter from (seed, full_name); allocates it if needed.
-template <class P>
-void init_parameter(P& p, std::string_view full_name, std::uint64_t seed) {
-  using S = std::remove_cvref_t<decltype(*p.data())>;
-  const Shape& shape = p.shape();
+/// Elements [first, first + count) (flat, row-major) of the parameter of this shape
+/// and full name that the generator of `seed` makes, into out: any block of a
+/// parameter can be made alone, bit for bit as when it is made whole.
+template <class S>
+void init_values(std::string_view full_name, const Shape& shape, std::uint64_t seed, std::int64_t first,
+                 std::int64_t count, S* out) {
   float offset = 0.0f, scale = 0.1f;
   if (shape.size() >= 2) {
     scale = 1.0f / std::sqrt(static_cast<float>(shape.back()));
@@ -43,21 +44,36 @@ void init_parameter(P& p, std::string_view full_name, std::uint64_t seed) {
     scale = 0.25f;
   }
   const std::uint64_t key = detail::fnv1a64(full_name) ^ (seed * detail::kGolden);
-  S* out = (p.allocate(), p.data());
-  const std::int64_t n = p.numel();
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double u = detail::uniform_pm1(key, static_cast<std::uint64_t>(i));
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double u = detail::uniform_pm1(key, static_cast<std::uint64_t>(first + i));
     out[i] = static_cast<S>(static_cast<float>(static_cast<double>(offset) + static_cast<double>(scale) * u));
   }
 }
 
+/// Fills one parameter from (seed, full_name); allocates it if needed.
+template <class P>
+void init_parameter(P& p, std::string_view full_name, std::uint64_t seed) {
+  init_values(full_name, p.shape(), seed, 0, p.numel(), (p.allocate(), p.data()));
+}
+
 /// Allocates and fills every parameter of a module, named with `prefix`, and packs
 /// each matrix-product weight for `pack` right after filling it (so a bf16 model
-/// never holds all its weights in fp32 at once); std::nullopt keeps them plain.
+/// never holds all its weights in fp32 at once); std::nullopt keeps them plain. At
+/// int8 a weight int8 quantizes is made and quantized a block of rows at a time
+/// (pack_int8_from_rows), never whole in fp32.
 template <class M>
 void init_parameters(M& module, std::uint64_t seed, const std::string& prefix = "",
                      std::optional<Precision> pack = Precision::fp32) {
   module.visit(prefix, [&](const std::string& name, auto& p) {
+    if constexpr (requires { p.pack_int8_from_rows([](Index, Index, float*) {}); }) {
+      if (pack == Precision::int8 && p.packs_int8_from_rows()) {
+        const Index K = p.shape()[1];
+        p.pack_int8_from_rows([&](Index r0, Index rows, float* dst) {
+          init_values(name, p.shape(), seed, r0 * K, rows * K, dst);
+        });
+        return;
+      }
+    }
     init_parameter(p, name, seed);
     pack_if_matmul_weight(p, pack);
   });

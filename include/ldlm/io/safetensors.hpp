@@ -225,15 +225,13 @@ class SafetensorsFile {
     return data_.subspan(t.offset, t.size);
   }
 
-  /// Lets the memory of a tensor's bytes go once they have been read: a mapped file's
-  /// pages are dropped (read from the file again if touched again), so that loading
-  /// does not keep the file resident beside the weights it filled; a file read into a
-  /// buffer (from_buffer) keeps its bytes.
-  void release(std::string_view name) const {
-    const TensorInfo& t = info(name);
-    if (mapping_.bytes().empty()) return;
-    mapping_.drop_pages(static_cast<std::size_t>(data_.data() - mapping_.bytes().data()) + t.offset, t.size);
-  }
+  /// Lets the memory of the bytes read so far go: a mapped file's pages are all dropped
+  /// (read from the file again if touched again), so that loading does not keep the
+  /// file resident beside the weights it filled; a file read into a buffer (from_buffer)
+  /// keeps its bytes. All of them, not a tensor's range: reading a page also maps its
+  /// cached neighbours (the kernel's fault-around, 64 KB), some in tensors read before,
+  /// and those would stay. Cheap: the walk skips unmapped 2 MB ranges whole.
+  void release_pages() const { mapping_.drop_pages(0, mapping_.bytes().size()); }
 
   /// Converts to T in {float, double, int64, int32}. Float dtypes cannot be read as integers;
   /// integer values that do not fit T throw FormatError.
@@ -241,7 +239,7 @@ class SafetensorsFile {
   std::vector<T> read(const std::string& name) const {
     const TensorInfo& t = info(name);
     std::vector<T> out(static_cast<std::size_t>(t.numel()));
-    convert(t, out.data());
+    convert(t, 0, t.numel(), out.data());
     return out;
   }
 
@@ -253,10 +251,27 @@ class SafetensorsFile {
       throw CheckpointError(where() + "tensor '" + name + "' " + shape_string(t.shape) + " has " +
                             std::to_string(t.numel()) + " elements, but the destination holds " +
                             std::to_string(count));
-    convert(t, dst);
+    convert(t, 0, count, dst);
+  }
+
+  /// Elements [first, first + count) of tensor `name` (flat, row-major), converted as
+  /// read() converts them, into dst: a large tensor read a block at a time (with
+  /// release_pages) never has all of its bytes resident.
+  template <class T>
+  void read_elements_into(const std::string& name, std::int64_t first, std::int64_t count, T* dst) const {
+    const TensorInfo& t = info(name);
+    check_elements(t, first, count);
+    convert(t, first, count, dst);
   }
 
  private:
+  void check_elements(const TensorInfo& t, std::int64_t first, std::int64_t count) const {
+    if (first < 0 || count < 0 || first > t.numel() - count)
+      throw CheckpointError(where() + "tensor '" + t.name + "' " + shape_string(t.shape) + " has " +
+                            std::to_string(t.numel()) + " elements, elements [" + std::to_string(first) + ", " +
+                            std::to_string(first + count) + ") were asked for");
+  }
+
   explicit SafetensorsFile(std::string path) : path_(std::move(path)) {}
 
   std::string where() const { return "safetensors " + path_ + ": "; }
@@ -268,13 +283,14 @@ class SafetensorsFile {
     return it != tensors_.end() && it->name == name ? &*it : nullptr;
   }
 
+  /// Elements [first, first + count) of t (checked by the caller) into dst.
   template <class T>
-  void convert(const TensorInfo& t, T* dst) const {
+  void convert(const TensorInfo& t, std::int64_t first, std::int64_t count, T* dst) const {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int64_t> ||
                       std::is_same_v<T, std::int32_t>,
                   "SafetensorsFile::read supports float, double, int64_t and int32_t");
-    const std::byte* src = data_.data() + t.offset;
-    const std::size_t n = static_cast<std::size_t>(t.numel());
+    const std::byte* src = data_.data() + t.offset + static_cast<std::size_t>(first) * dtype_size(t.dtype);
+    const std::size_t n = static_cast<std::size_t>(count);
     auto each = [&](auto tag, auto&& f) {
       using S = decltype(tag);
       for (std::size_t i = 0; i < n; ++i) {

@@ -115,7 +115,7 @@ void load_quantized_tensor(const SafetensorsFile& file, const std::string& name,
                             std::string(dtype_name(scale.dtype)) + " " + shape_string(scale.shape));
     const auto bytes = file.bytes(name);
     p.load_quantized(reinterpret_cast<const std::int8_t*>(bytes.data()), file.read<float>(scale_name), pack);
-    file.release(name);
+    file.release_pages();
   } else {
     throw CheckpointError(t +
                           "has dtype I8, expected a floating dtype (F32, F16, BF16 or F64): this parameter "
@@ -149,9 +149,21 @@ std::optional<std::string> load_tensor(const SafetensorsFile& file, const std::s
   if (!is_float_dtype(info.dtype))
     throw CheckpointError(file_label(file) + ": tensor '" + name + "' has dtype " +
                           std::string(dtype_name(info.dtype)) + ", expected a floating dtype (F32, F16, BF16 or F64)");
+  // A float weight that int8 quantizes is quantized a block of rows at a time as it is
+  // read, each block's file pages dropped at once: it is never held whole in float.
+  if constexpr (requires { p.pack_int8_from_rows([](Index, Index, float*) {}); }) {
+    if (pack == Precision::int8 && p.packs_int8_from_rows()) {
+      const Index K = p.shape()[1];
+      p.pack_int8_from_rows([&](Index r0, Index rows, float* dst) {
+        file.read_elements_into(name, r0 * K, rows * K, dst);
+        file.release_pages();
+      });
+      return std::nullopt;
+    }
+  }
   p.allocate();
   file.read_into(name, p.data(), p.numel());
-  file.release(name);
+  file.release_pages();
   pack_if_matmul_weight(p, pack);
   return std::nullopt;
 }

@@ -6,10 +6,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/precision.hpp"
@@ -63,20 +66,26 @@ struct S8Weight {
 
 /// Quantizes each output channel of w (its K values) with quantize_s8: the one
 /// quantization of weights, so that a checkpoint quantized once holds exactly what
-/// quantizing at load packs.
-inline S8Weight quantize_channels(ConstMatRef<float> w, WeightLayout layout) {
+/// quantizing at load packs. Writes w's s8 values in w's own layout to `values` and
+/// one scale per channel to `scales`.
+inline void quantize_channels_into(ConstMatRef<float> w, WeightLayout layout, std::int8_t* values, float* scales) {
   const Index n = layout == WeightLayout::out_in ? w.rows() : w.cols();
   const Index k = layout == WeightLayout::out_in ? w.cols() : w.rows();
-  S8Weight q;
-  q.values.resize(static_cast<std::size_t>(n * k));
-  q.scales.resize(static_cast<std::size_t>(n));
   std::vector<float> channel(static_cast<std::size_t>(k));
   std::vector<std::int8_t> quantized(static_cast<std::size_t>(k));
   for (Index c = 0; c < n; ++c) {
     for (Index i = 0; i < k; ++i) channel[i] = layout == WeightLayout::out_in ? w(c, i) : w(i, c);
-    q.scales[c] = quantize_s8(channel.data(), k, quantized.data());
-    for (Index i = 0; i < k; ++i) q.values[layout == WeightLayout::out_in ? c * k + i : i * n + c] = quantized[i];
+    scales[c] = quantize_s8(channel.data(), k, quantized.data());
+    for (Index i = 0; i < k; ++i) values[layout == WeightLayout::out_in ? c * k + i : i * n + c] = quantized[i];
   }
+}
+
+/// The same, into values and scales of their own.
+inline S8Weight quantize_channels(ConstMatRef<float> w, WeightLayout layout) {
+  S8Weight q;
+  q.values.resize(static_cast<std::size_t>(w.rows() * w.cols()));
+  q.scales.resize(static_cast<std::size_t>(layout == WeightLayout::out_in ? w.rows() : w.cols()));
+  quantize_channels_into(w, layout, q.values.data(), q.scales.data());
   return q;
 }
 
@@ -167,8 +176,8 @@ class PackedMatrix {
 
   /// Scratch bytes multiply() needs for M rows.
   std::size_t scratch_bytes(Index M) const {
-    if (path_ == ProductPath::int8_native)  // s8 rows, their scales, and s32 sums as floats when y is strided
-      return int8_sums_offset(M) + static_cast<std::size_t>(M * n_) * sizeof(float);
+    if (path_ == ProductPath::int8_native)  // s8 rows, their scales, and a strided y's sums kInt8StridedRows at a time
+      return int8_sums_offset(M) + static_cast<std::size_t>(std::min(M, kInt8StridedRows) * n_) * sizeof(float);
     if (path_ == ProductPath::bf16_widened) {  // a chunk of rounded rows, and one widened block
       const auto rounded = static_cast<std::size_t>(std::min(M, kWidenedRows) * k_);
       const auto block = static_cast<std::size_t>(k_ * std::min(kWidenedBlock, n_));
@@ -229,19 +238,30 @@ class PackedMatrix {
   }
 
  private:
-  struct AlignedFree {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(64)); }
-  };
   /// 64-byte aligned bytes, shared so that copies of a module share one packed weight.
+  /// From 1 MB up they are pages of their own (mmap), apart from the heap: a packed
+  /// weight lives as long as its model, and in the heap it would sit between the
+  /// loading's short-lived buffers (the float copy of each weight packed in bf16, 14 MB
+  /// for an adaLN map), whose memory glibc then keeps. Loading ldlm-base at int8 from a
+  /// float file peaked 23 MB (6 %) higher that way (bench/results/README.md).
   class Storage {
    public:
     Storage() = default;
-    explicit Storage(std::size_t n)
-        : data_(static_cast<std::byte*>(::operator new[](n, std::align_val_t(64))), AlignedFree{}), size_(n) {}
+    explicit Storage(std::size_t n) : size_(n) {
+      if (n >= kOwnPages) {
+        void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
+        data_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [n](std::byte* q) { ::munmap(q, n); });
+      } else {
+        data_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(::operator new[](n, std::align_val_t(64))),
+                                           [](std::byte* q) { ::operator delete[](q, std::align_val_t(64)); });
+      }
+    }
     std::byte* data() const { return data_.get(); }
     std::size_t size() const { return size_; }
 
    private:
+    static constexpr std::size_t kOwnPages = std::size_t(1) << 20;
     std::shared_ptr<std::byte> data_;
     std::size_t size_ = 0;
   };
@@ -301,6 +321,11 @@ class PackedMatrix {
 #endif
   }
 
+  /// Rows whose sums product_int8 holds in scratch at a time for a strided y (rare: a
+  /// dense y takes them itself). Few, because a worker's arena keeps the largest
+  /// scratch it was ever asked for: sums for all of a product's rows were 12.9 MB per
+  /// worker for lm_head's 64 rows at T 1024 (on 2 threads), reserved though never used.
+  static constexpr Index kInt8StridedRows = 16;
   /// product_int8's scratch: M · K s8 values, then M row scales, then (for a strided
   /// y) the float sums, each part on a cache line.
   static std::size_t cache_lines(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
@@ -311,24 +336,28 @@ class PackedMatrix {
 
   /// y[M, N] (row stride ldy) = x · W (+ bias) on an int8_native weight: each row of x
   /// quantized to s8 with its own scale, the s8 · s8 product summed in s32 by oneDNN
-  /// (written as floats), then each sum scaled by its row's and its channel's scales
-  /// and the bias added, in one pass over the row.
+  /// (written as floats, into y when it is dense), then each sum scaled by its row's
+  /// and its channel's scales and the bias added, in one pass over the row.
   void product_int8(const float* x, Index ldx, Index M, const float* bias, float* y, Index ldy,
                     std::byte* scratch) const {
     std::int8_t* const quantized = reinterpret_cast<std::int8_t*>(scratch);
     float* const row_scales = reinterpret_cast<float*>(scratch + int8_scales_offset(M));
-    float* const sums = ldy == n_ ? y : reinterpret_cast<float*>(scratch + int8_sums_offset(M));
     for (Index r = 0; r < M; ++r) row_scales[r] = quantize_s8(x + r * ldx, k_, quantized + r * k_);
-    product_dense(quantized, M, nullptr, sums, Activation::none);
+    const Index block = ldy == n_ ? M : kInt8StridedRows;
+    float* const sums = ldy == n_ ? y : reinterpret_cast<float*>(scratch + int8_sums_offset(M));
     const float* const channel_scales = weight_scales_.data();
-    for (Index r = 0; r < M; ++r) {
-      const float row_scale = row_scales[r];
-      const float* const in = sums + r * n_;
-      float* const out = y + r * ldy;
-      if (bias)
-        for (Index n = 0; n < n_; ++n) out[n] = in[n] * (row_scale * channel_scales[n]) + bias[n];
-      else
-        for (Index n = 0; n < n_; ++n) out[n] = in[n] * (row_scale * channel_scales[n]);
+    for (Index r0 = 0; r0 < M; r0 += block) {
+      const Index rows = std::min(block, M - r0);
+      product_dense(quantized + r0 * k_, rows, nullptr, ldy == n_ ? y + r0 * n_ : sums, Activation::none);
+      for (Index r = r0; r < r0 + rows; ++r) {
+        const float row_scale = row_scales[r];
+        const float* const in = ldy == n_ ? y + r * n_ : sums + (r - r0) * n_;
+        float* const out = y + r * ldy;
+        if (bias)
+          for (Index n = 0; n < n_; ++n) out[n] = in[n] * (row_scale * channel_scales[n]) + bias[n];
+        else
+          for (Index n = 0; n < n_; ++n) out[n] = in[n] * (row_scale * channel_scales[n]);
+      }
     }
   }
 

@@ -11,6 +11,7 @@
 #include "support/errors.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -295,6 +296,48 @@ TEST(Safetensors, MmapFileWrittenByWriter) {
   w2.write(path);
   EXPECT_EQ(SafetensorsFile::open(path).tensors().size(), 1u);
   EXPECT_EQ(g.read<float>("weights"), v);  // the old mapping stays valid after the rename
+}
+
+/// Resident bytes of this process's mapping that holds `address` (/proc/self/smaps' Rss).
+std::int64_t resident_bytes_of_mapping(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(' ') < line.find(':')) {
+      inside = begin <= at && at < end;
+    } else if (inside && line.starts_with("Rss:")) {
+      return std::stoll(line.substr(4)) * 1024;
+    }
+  }
+  return -1;
+}
+
+TEST(Safetensors, ReadingABlockAndReleasingLeavesNoPageOfTheFileResident) {
+  // Three 1 MB tensors. A block read in the middle one maps its pages and, through the
+  // kernel's fault-around, cached neighbours that may lie in the tensor before; loading
+  // must leave none of them resident beside the weights it filled.
+  TempDir dir;
+  const std::string path = dir / "blocks.safetensors";
+  std::vector<float> v(1 << 18);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i % 1000);
+  SafetensorsWriter w;
+  for (const char* name : {"a", "b", "c"}) w.add(name, {512, 512}, v.data());
+  w.write(path);
+  const auto f = SafetensorsFile::open(path);
+  std::vector<float> block(512 * 8);
+  f.read_elements_into("b", 0, 512 * 8, block.data());  // rows [0, 8) of b: next to a
+  EXPECT_EQ(block[0], 0.0f);
+  EXPECT_EQ(block.back(), float((512 * 8 - 1) % 1000));
+  const void* b = f.bytes("b").data();
+  ASSERT_GT(resident_bytes_of_mapping(b), 0) << "the read mapped no page: this test would prove nothing";
+  f.release_pages();
+  EXPECT_EQ(resident_bytes_of_mapping(b), 0);
+  // Blocks outside the tensor are refused, naming it.
+  EXPECT_THAT(error_of<ldlm::CheckpointError>([&] { f.read_elements_into("b", 512 * 511, 513, block.data()); }),
+              HasSubstr("tensor 'b' [512, 512] has 262144 elements, elements [261632, 262145) were asked for"));
 }
 
 TEST(Safetensors, OpenErrorsNameThePath) {
