@@ -526,7 +526,7 @@ int main(int argc, char** argv) try {
                         {"evaluations", found.evaluations},
                         {"error_lambda", start_value},
                         {"error_fitted", found.value},
-                        {"parameters", found.x}});
+                        {joint ? "parameters" : "log_gaps", found.x}});
         if (joint)
           grids.push_back({"fit-decoupled", steps, decoupling.times(found.x), decoupling.model_times(found.x)});
         else
