@@ -7,8 +7,8 @@
 //
 //   ldlm_fit_time_grid --weights W.safetensors --output R.json [--fit-seeds 100-131]
 //       [--eval-seeds 0-7] [--length T] [--steps 6,8,10,15] [--reference-steps N]
-//       [--methods dp,end-to-end] [--candidates M] [--norms alpha,x,sigma] [--histories 0,1]
-//       [--budget E] [--samplers ipndm,...] [--self-conditions extrapolated,...] [--threads N]
+//       [--methods dp,end-to-end,decoupled] [--candidates M] [--norms alpha,x,sigma] [--histories 0,1]
+//       [--budget E] [--margin-temperature τ] [--samplers ipndm,...] [--self-conditions extrapolated,...] [--threads N]
 //       [--write-metadata W.safetensors]
 //   ldlm_fit_time_grid --grids-from R.json --write-metadata W.safetensors
 //
@@ -32,12 +32,20 @@
 //    is the N − 1 logs of its gaps in λ (LambdaGaps: any gaps double resolves make a valid
 //    grid), searched by compass search from the λ grid, steps from 0.5 (a gap times e^±0.5)
 //    down to 1/32, at most E evaluations.
+//    decoupled: the same, with the time given to the denoiser at each step decoupled from the
+//    step's grid time (SolverSettings::model_times, LD3's decoupled model time): N − 1 more
+//    numbers, the offsets in λ of the calls after the first (research::DecoupledGrid),
+//    searched jointly with the gaps from zero offsets on the λ grid.
+//    margin: the grid alone as in end-to-end, scored instead by a smooth share of ids that
+//    differ from the reference's (Fitter::margin_loss, temperature --margin-temperature τ in
+//    logits): nearer the metric than the latent error, which also counts moves that flip no id.
 // 4. Every fit, Karras' grid and the λ grid are run with the real solvers on the fitting seeds
 //    and on the evaluation seeds (disjoint), as the share of decoded ids at x(t_min) equal to
 //    the reference's. For each N, the fit best on the *fitting* seeds with the first sampler
 //    and self-condition is the one written.
 // 5. --write-metadata rewrites W's safetensors header with `ldlm.time_grid.<N>` = JSON list
-//    of the N + 1 times (kTimeGridMetadataPrefix); the tensor bytes and their offsets are
+//    of the N + 1 times (kTimeGridMetadataPrefix), and for a decoupled fit `ldlm.model_time.<N>`
+//    = JSON list of its N model times (kModelTimeMetadataPrefix); the tensor bytes and their offsets are
 //    untouched (the data section follows the header, and offsets count from its start).
 //    --grids-from R.json writes the grids an earlier run chose (R's "chosen") and fits nothing.
 #include <algorithm>
@@ -100,10 +108,33 @@ struct Fitter {
     return {ids.data(), ids.data() + ids.size()};
   }
 
+  /// The smooth share of ids that differ from `reference_ids` (margin): the mean over
+  /// positions of σ(−m/τ), m the decoded logit of the reference's id less the largest other
+  /// logit. As τ → 0 it is the share of differing ids; a position far from flipping counts
+  /// almost 0 or 1, one near flipping in proportion to how near.
+  double margin_loss(const std::vector<float>& latents, const std::vector<std::int64_t>& reference_ids,
+                     double temperature) const {
+    Tensor3<float> z(1, T, model.config.d_model);
+    std::copy(latents.begin(), latents.end(), z.data());
+    const Decoded<float> decoded = Pipeline<float>(model).decode(ctx, z);
+    const Index V = decoded.logits.dimension(2);
+    double sum = 0;
+    for (Index p = 0; p < T; ++p) {
+      const float* row = decoded.logits.data() + p * V;
+      const std::int64_t id = reference_ids[std::size_t(p)];
+      double other = -std::numeric_limits<double>::infinity();
+      for (Index v = 0; v < V; ++v)
+        if (v != id) other = std::max(other, double(row[v]));
+      sum += 1.0 / (1.0 + std::exp((double(row[id]) - other) / temperature));
+    }
+    return sum / double(T);
+  }
+
   /// The sample at t_min of `kind` on `times` from the noise of `seed`; with `keep`, the
   /// x and x̂0 of every call whose index is a candidate's.
   std::vector<float> run(std::uint64_t seed, SamplerKind kind, SelfCondition self_condition,
-                         const std::vector<double>& times, Reference* keep = nullptr) const {
+                         const std::vector<double>& times, Reference* keep = nullptr,
+                         const std::vector<double>& model_times = {}) const {
     const TangentSchedule schedule = TangentSchedule::from_config(model.config);
     const Index size = n();
     std::vector<float> x(size);
@@ -125,6 +156,7 @@ struct Fitter {
     SolverSettings settings;
     settings.kind = kind;
     settings.self_condition = self_condition;
+    settings.model_times = model_times;
     integrate<float>(denoise, settings, schedule, times, size, x.data(), rng, ctx.arena());
     if (keep) {  // t_min: the result, where no call is made
       std::copy(x.begin(), x.end(), keep->x.begin() + (candidates.size() - 1) * size);
@@ -142,8 +174,8 @@ struct Fitter {
   }
 
   double agreement(std::uint64_t seed, SamplerKind kind, SelfCondition self_condition, const std::vector<double>& times,
-                   const std::vector<std::int64_t>& reference_ids) const {
-    const auto ids = tokens(run(seed, kind, self_condition, times));
+                   const std::vector<double>& model_times, const std::vector<std::int64_t>& reference_ids) const {
+    const auto ids = tokens(run(seed, kind, self_condition, times, nullptr, model_times));
     std::size_t same = 0;
     for (std::size_t i = 0; i < ids.size(); ++i) same += ids[i] == reference_ids[i];
     return static_cast<double>(same) / static_cast<double>(ids.size());
@@ -256,9 +288,10 @@ std::vector<int> best_path(const Costs& costs, int steps, bool history) {
   return path;
 }
 
-/// Rewrites the safetensors header of `path` with every ldlm.time_grid.* entry replaced
-/// by `grids`; the data section is copied byte for byte.
-void write_metadata(const std::string& path, const std::map<int, std::vector<double>>& grids) {
+/// Rewrites the safetensors header of `path` with every ldlm.time_grid.* and ldlm.model_time.*
+/// entry replaced by `grids` and `model_times`; the data section is copied byte for byte.
+void write_metadata(const std::string& path, const std::map<int, std::vector<double>>& grids,
+                    const std::map<int, std::vector<double>>& model_times) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError("ldlm_fit_time_grid: cannot read '" + path + "'");
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -267,9 +300,13 @@ void write_metadata(const std::string& path, const std::map<int, std::vector<dou
   auto header = nlohmann::ordered_json::parse(bytes.begin() + 8, bytes.begin() + 8 + length);
   auto& meta = header["__metadata__"];
   for (auto it = meta.begin(); it != meta.end();)
-    it = it.key().starts_with(kTimeGridMetadataPrefix) ? meta.erase(it) : std::next(it);
+    it = it.key().starts_with(kTimeGridMetadataPrefix) || it.key().starts_with(kModelTimeMetadataPrefix)
+             ? meta.erase(it)
+             : std::next(it);
   for (const auto& [steps, times] : grids)
     meta[std::string(kTimeGridMetadataPrefix) + std::to_string(steps)] = nlohmann::json(times).dump();
+  for (const auto& [steps, times] : model_times)
+    meta[std::string(kModelTimeMetadataPrefix) + std::to_string(steps)] = nlohmann::json(times).dump();
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data section stays 8-byte aligned
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -301,26 +338,31 @@ int main(int argc, char** argv) try {
     const nlohmann::json run = read_json(text, [&](const JsonProblem& p) {
       throw InvalidArgument("ldlm_fit_time_grid: --grids-from '" + from + "': " + p.message);
     });
-    // "chosen" is a list of [steps, [times]] pairs, as nlohmann writes a map with int keys.
-    std::map<int, std::vector<double>> grids;
+    // "chosen" and "chosen_model_times" are lists of [steps, [times]] pairs, as nlohmann
+    // writes a map with int keys.
+    std::map<int, std::vector<double>> grids, model_times;
     try {
       grids = run.at("chosen").get<std::map<int, std::vector<double>>>();
+      if (run.contains("chosen_model_times"))
+        model_times = run.at("chosen_model_times").get<std::map<int, std::vector<double>>>();
     } catch (const nlohmann::json::exception& e) {
-      throw InvalidArgument("ldlm_fit_time_grid: --grids-from '" + from +
-                            "': expected \"chosen\", a list of [steps, [times]] pairs: " + e.what());
+      throw InvalidArgument(
+          "ldlm_fit_time_grid: --grids-from '" + from +
+          "': expected \"chosen\" (and \"chosen_model_times\"), lists of [steps, [times]] pairs: " + e.what());
     }
-    write_metadata(target, grids);
+    write_metadata(target, grids, model_times);
     return 0;
   }
   const std::string weights_path = arg(args, "weights", ""), output = arg(args, "output", "");
   if (weights_path.empty() || output.empty()) {
-    std::fprintf(stderr,
-                 "usage: ldlm_fit_time_grid --weights W.safetensors --output R.json [--fit-seeds 100-131]\n"
-                 "       [--eval-seeds 0-7] [--length T] [--steps 6,8,10,15] [--reference-steps N]\n"
-                 "       [--methods dp,end-to-end] [--candidates M] [--norms alpha,x,sigma] [--histories 0,1]\n"
-                 "       [--budget E] [--samplers a,b] [--self-conditions a,b] [--threads N]\n"
-                 "       [--write-metadata W.safetensors]\n"
-                 "       ldlm_fit_time_grid --grids-from R.json --write-metadata W.safetensors\n");
+    std::fprintf(
+        stderr,
+        "usage: ldlm_fit_time_grid --weights W.safetensors --output R.json [--fit-seeds 100-131]\n"
+        "       [--eval-seeds 0-7] [--length T] [--steps 6,8,10,15] [--reference-steps N]\n"
+        "       [--methods dp,end-to-end,decoupled] [--candidates M] [--norms alpha,x,sigma] [--histories 0,1]\n"
+        "       [--budget E] [--margin-temperature τ] [--samplers a,b] [--self-conditions a,b] [--threads N]\n"
+        "       [--write-metadata W.safetensors]\n"
+        "       ldlm_fit_time_grid --grids-from R.json --write-metadata W.safetensors\n");
     return 2;
   }
   const SafetensorsFile file = SafetensorsFile::open(weights_path);
@@ -349,16 +391,22 @@ int main(int argc, char** argv) try {
   }
   if (f.candidates.back() != reference_steps) f.candidates.push_back(reference_steps);
 
-  bool dp = false, end_to_end = false;
+  bool dp = false, end_to_end = false, decoupled = false, margin = false;
   for (const auto& method : split(arg(args, "methods", "dp"))) {
     if (method == "dp")
       dp = true;
     else if (method == "end-to-end")
       end_to_end = true;
+    else if (method == "decoupled")
+      decoupled = true;
+    else if (method == "margin")
+      margin = true;
     else
-      throw InvalidArgument("ldlm_fit_time_grid: --methods: unknown '" + method + "' (dp, end-to-end)");
+      throw InvalidArgument("ldlm_fit_time_grid: --methods: unknown '" + method +
+                            "' (dp, end-to-end, decoupled, margin)");
   }
   const int budget = std::stoi(arg(args, "budget", "150"));
+  const double temperature = std::stod(arg(args, "margin-temperature", "0.3"));
   std::vector<int> step_counts;
   for (const auto& s : split(arg(args, "steps", "6,8,10,15"))) step_counts.push_back(std::stoi(s));
   std::vector<Norm> norms;
@@ -402,6 +450,7 @@ int main(int argc, char** argv) try {
     std::string name;
     int steps;
     std::vector<double> times;
+    std::vector<double> model_times = {};  // empty: the grid's own
   };
   std::vector<Candidate> grids;
   for (const int steps : step_counts) {
@@ -418,68 +467,112 @@ int main(int argc, char** argv) try {
       }
     }
 
-  if (end_to_end) {
+  if (end_to_end || decoupled || margin) {
     const research::LambdaGaps gaps{schedule, config.t_min};
+    const research::DecoupledGrid decoupling{gaps};
     // Each fitting seed's converged x(t_min), the reference's last candidate.
     std::vector<std::vector<float>> finals;
     const std::size_t final_offset = (f.candidates.size() - 1) * std::size_t(f.n());
     for (const Reference& r : fit_refs) finals.emplace_back(r.x.begin() + final_offset, r.x.end());
+    const std::size_t d = std::size_t(model.config.d_model);
+    const double weight = 1.0 / schedule.alpha(config.t_min);
     const auto run = [&](std::size_t i, std::span<const double> times) {
       return f.run(fit_seeds[i], samplers[0], self_conditions[0], {times.begin(), times.end()});
     };
-    const auto objective = [&](const std::vector<double>& log_gaps) {
-      return research::end_to_end_objective(gaps, run, finals, std::size_t(model.config.d_model),
-                                            1.0 / schedule.alpha(config.t_min), log_gaps);
+    const auto grid_objective = [&](const std::vector<double>& log_gaps) {
+      return research::end_to_end_objective(gaps, run, finals, d, weight, log_gaps);
     };
-    for (const int steps : step_counts) {
-      const std::vector<double> start =
-          gaps.log_gaps(time_grid(steps, config.t_min, schedule, TimeGridOptions{TimeGrid::lambda}));
-      const double start_value = objective(start);
-      const auto report = [&](const research::SearchResult& r) {
-        std::fprintf(stderr, "end-to-end %2d steps: %4d evaluations, error %.5f (λ grid %.5f)\n", steps, r.evaluations,
-                     r.value, start_value);
+    // decoupled: the grid and its model times searched together, from the λ grid's own times.
+    const auto decoupled_objective = [&](const std::vector<double>& parameters) {
+      const std::vector<double> times = decoupling.times(parameters), model_times = decoupling.model_times(parameters);
+      if (!research::LambdaGaps::representable(times) ||
+          !(*std::min_element(model_times.begin(), model_times.end()) > 0))
+        return std::numeric_limits<double>::infinity();
+      const auto run_decoupled = [&](std::size_t i, std::span<const double>) {
+        return f.run(fit_seeds[i], samplers[0], self_conditions[0], times, nullptr, model_times);
       };
-      const research::SearchResult found = research::compass_search(objective, start, 0.5, 1.0 / 32, budget, report);
-      out["end_to_end"].push_back({{"steps", steps},
-                                   {"evaluations", found.evaluations},
-                                   {"error_lambda", start_value},
-                                   {"error_fitted", found.value},
-                                   {"log_gaps", found.x}});
-      grids.push_back({"fit-end-to-end", steps, gaps.times(found.x)});
-    }
+      return research::end_to_end_error(run_decoupled, finals, d, weight, times);
+    };
+    // margin: the grid alone again, scored by the smooth share of differing ids (margin_loss).
+    const auto margin_objective = [&](const std::vector<double>& log_gaps) {
+      const std::vector<double> times = gaps.times(log_gaps);
+      if (!research::LambdaGaps::representable(times)) return std::numeric_limits<double>::infinity();
+      double sum = 0;
+      for (std::size_t i = 0; i < fit_seeds.size(); ++i)
+        sum += f.margin_loss(run(i, times), fit_refs[i].ids, temperature);
+      return sum / double(fit_seeds.size());
+    };
+    enum class Search { grid, joint, margin };
+    for (const int steps : step_counts)
+      for (const Search search : {Search::grid, Search::joint, Search::margin}) {
+        const bool joint = search == Search::joint;
+        if (!(search == Search::grid ? end_to_end : joint ? decoupled : margin)) continue;
+        const std::vector<double> lambda = time_grid(steps, config.t_min, schedule, TimeGridOptions{TimeGrid::lambda});
+        const auto objective = [&](const std::vector<double>& x) {
+          return joint ? decoupled_objective(x) : search == Search::margin ? margin_objective(x) : grid_objective(x);
+        };
+        const std::vector<double> start = joint ? decoupling.parameters(lambda) : gaps.log_gaps(lambda);
+        const double start_value = objective(start);
+        const char* method = joint ? "decoupled" : search == Search::margin ? "margin" : "end-to-end";
+        const auto report = [&](const research::SearchResult& r) {
+          std::fprintf(stderr, "%s %2d steps: %4d evaluations, error %.5f (λ grid %.5f)\n", method, steps,
+                       r.evaluations, r.value, start_value);
+        };
+        const research::SearchResult found = research::compass_search(objective, start, 0.5, 1.0 / 32, budget, report);
+        out[joint                      ? "decoupled"
+            : search == Search::margin ? "margin"
+                                       : "end_to_end"]
+            .push_back({{"steps", steps},
+                        {"evaluations", found.evaluations},
+                        {"error_lambda", start_value},
+                        {"error_fitted", found.value},
+                        {joint ? "parameters" : "log_gaps", found.x}});
+        if (joint)
+          grids.push_back({"fit-decoupled", steps, decoupling.times(found.x), decoupling.model_times(found.x)});
+        else
+          grids.push_back({search == Search::margin ? "fit-margin" : "fit-end-to-end", steps, gaps.times(found.x)});
+      }
   }
 
-  std::map<int, std::pair<double, std::vector<double>>> chosen;  // steps -> (fit agreement, times)
+  std::map<int, std::pair<double, const Candidate*>> chosen;  // steps -> (fit agreement, grid)
   for (const Candidate& g : grids)
     for (std::size_t s = 0; s < samplers.size(); ++s)
       for (std::size_t c = 0; c < self_conditions.size(); ++c) {
         std::vector<double> on_fit, on_eval;
         for (std::size_t i = 0; i < fit_seeds.size(); ++i)
-          on_fit.push_back(f.agreement(fit_seeds[i], samplers[s], self_conditions[c], g.times, fit_refs[i].ids));
+          on_fit.push_back(
+              f.agreement(fit_seeds[i], samplers[s], self_conditions[c], g.times, g.model_times, fit_refs[i].ids));
         for (std::size_t i = 0; i < eval_seeds.size(); ++i)
-          on_eval.push_back(f.agreement(eval_seeds[i], samplers[s], self_conditions[c], g.times, eval_refs[i].ids));
+          on_eval.push_back(
+              f.agreement(eval_seeds[i], samplers[s], self_conditions[c], g.times, g.model_times, eval_refs[i].ids));
         const std::string sampler_name(sampler_info(samplers[s]).name);
         out["runs"].push_back({{"grid", g.name},
                                {"steps", g.steps},
                                {"sampler", sampler_name},
                                {"self_condition", self_condition_names[c]},
                                {"times", g.times},
+                               {"model_times", g.model_times},
                                {"agreement_fit", mean(on_fit)},
                                {"agreement_eval", on_eval.empty() ? nlohmann::json() : nlohmann::json(mean(on_eval))},
-                               {"per_seed_fit", on_fit}});
+                               {"per_seed_fit", on_fit},
+                               {"per_seed_eval", on_eval}});
         std::fprintf(stderr, "%-16s %2d steps  %-10s %-12s fit %.3f  eval %.3f\n", g.name.c_str(), g.steps,
                      sampler_name.c_str(), self_condition_names[c].c_str(), mean(on_fit),
                      on_eval.empty() ? 0.0 : mean(on_eval));
         if (s == 0 && c == 0 && g.name.starts_with("fit-") &&
             (!chosen.count(g.steps) || mean(on_fit) > chosen[g.steps].first))
-          chosen[g.steps] = {mean(on_fit), g.times};
+          chosen[g.steps] = {mean(on_fit), &g};
       }
-  std::map<int, std::vector<double>> written;
-  for (const auto& [steps, best] : chosen) written[steps] = best.second;
+  std::map<int, std::vector<double>> written, written_model_times;
+  for (const auto& [steps, best] : chosen) {
+    written[steps] = best.second->times;
+    if (!best.second->model_times.empty()) written_model_times[steps] = best.second->model_times;
+  }
   out["chosen"] = written;
+  out["chosen_model_times"] = written_model_times;
   std::ofstream(output) << out.dump(1) << "\n";
   const std::string target = arg(args, "write-metadata", "");
-  if (!target.empty()) write_metadata(target, written);
+  if (!target.empty()) write_metadata(target, written, written_model_times);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "ldlm_fit_time_grid: %s\n", e.what());

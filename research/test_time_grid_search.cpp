@@ -104,6 +104,30 @@ TEST(ResearchTimeGridSearch, LambdaGapsGiveAValidGridAndInvertIt) {
   EXPECT_LE(worst, 1e-12) << "worst at t_" << at << ": " << back[at] << " against " << grid[at];
 }
 
+// Zero offsets are the grid's own times exactly (so a decoupled search starts where the grid
+// search does, bit for bit); an offset δ_i moves the call at t_i, and only it, to λ + δ_i (to
+// 1e-9 in λ), and the call at t = 1 has none.
+TEST(ResearchTimeGridSearch, DecoupledGridOffsetsEachCallInLambda) {
+  const TangentSchedule schedule;
+  const research::DecoupledGrid decoupling{LambdaGaps{schedule, kTMin}};
+  const std::vector<double> grid = lambda_grid(schedule, 5);
+  std::vector<double> p = decoupling.parameters(grid);
+  ASSERT_EQ(p.size(), 8u);
+  const std::vector<double> times = decoupling.times(p);
+  EXPECT_EQ(decoupling.model_times(p), std::vector<double>(times.begin(), times.end() - 1));
+  p[4 + 1] = 0.3;  // the call at t_2
+  const std::vector<double> model = decoupling.model_times(p);
+  ASSERT_EQ(model.size(), 5u);
+  EXPECT_EQ(decoupling.times(p), times) << "an offset moved the grid";
+  for (std::size_t i = 0; i < model.size(); ++i) {
+    if (i == 2)
+      EXPECT_NEAR(schedule.lambda(model[i]), schedule.lambda(times[i]) + 0.3, 1e-9);
+    else
+      EXPECT_EQ(model[i], times[i]) << "the call at t_" << i << " moved";
+  }
+  EXPECT_THROW(research::DecoupledGrid::steps(std::vector<double>(3)), InvalidArgument);
+}
+
 // The mean over positions of each position's RMS, not one RMS over every value.
 TEST(ResearchTimeGridSearch, PerPositionErrorAveragesEachPositionsRms) {
   const std::vector<float> x{3, 4, 0, 0}, reference{0, 0, 0, 0};

@@ -60,6 +60,46 @@ struct LambdaGaps {
   }
 };
 
+/// A grid and its decoupled model times (SolverSettings::model_times, after LD3's decoupled
+/// model time) as one vector of 2(N − 1) free numbers: the first N − 1 are the grid's
+/// LambdaGaps, the next N − 1 the offsets δ_i, in λ, of the time the denoiser is given at
+/// t_1 … t_{N−1}: λ(t'_i) = λ(t_i) + δ_i. The call at t = 1 keeps t = 1 (λ = −∞ has no offset
+/// to make). A zero offset gives t_i itself, not its round trip through λ, so that zero
+/// offsets are the grid's own times exactly.
+struct DecoupledGrid {
+  LambdaGaps gaps;
+
+  static std::size_t steps(std::span<const double> parameters) {
+    if (parameters.empty() || parameters.size() % 2 != 0)
+      throw InvalidArgument("DecoupledGrid: expected 2(N - 1) > 0 parameters, got " +
+                            std::to_string(parameters.size()));
+    return parameters.size() / 2 + 1;
+  }
+
+  std::vector<double> times(std::span<const double> parameters) const {
+    return gaps.times(parameters.first(steps(parameters) - 1));
+  }
+
+  /// The N model times for `times(parameters)`.
+  std::vector<double> model_times(std::span<const double> parameters) const {
+    const std::size_t n = steps(parameters);
+    const std::vector<double> grid = times(parameters);
+    std::vector<double> model(grid.begin(), grid.end() - 1);
+    for (std::size_t i = 1; i < n; ++i) {
+      const double offset = parameters[n - 1 + i - 1];
+      if (offset != 0.0) model[i] = gaps.schedule.time_of_lambda(gaps.schedule.lambda(grid[i]) + offset);
+    }
+    return model;
+  }
+
+  /// The parameters of `grid` with zero offsets: where the search starts.
+  std::vector<double> parameters(std::span<const double> grid) const {
+    std::vector<double> p = gaps.log_gaps(grid);
+    p.resize(2 * p.size(), 0.0);
+    return p;
+  }
+};
+
 /// The error of one final latent against its reference: the RMS over each position's d values
 /// of the difference, averaged over positions, scaled by `weight`. A token changes when its
 /// position's latent crosses a margin, so a mean of per-position errors follows the share of

@@ -67,6 +67,7 @@ struct TextModel::Impl {
   Precision precision = Precision::fp32;
   /// The file's fitted time grids, which the schedules "fitted" and "auto" read.
   FittedTimeGrids time_grids;
+  FittedTimeGrids model_times;  // of some of time_grids
   double load_ms = 0;
 
   mutable std::mutex models_mutex;
@@ -143,6 +144,7 @@ TextModel TextModel::demo(const TextModelOptions& options) {
   impl->models[static_cast<std::size_t>(precision)] = impl->load(precision, file);
   impl->config = impl->models[static_cast<std::size_t>(precision)]->config;
   impl->time_grids = read_time_grids(file, impl->config.t_min);
+  impl->model_times = read_model_times(file, impl->time_grids);
   impl->load_ms = 1e3 * clock.elapsed();
   return TextModel(std::move(impl));
 }
@@ -182,6 +184,7 @@ TextModel TextModel::open(const std::string& weights, const std::string& tokeniz
       throw not_weights("it has no " + prefix + "* tensor");
     model = impl->load(precision, file);
     impl->time_grids = read_time_grids(file, model->config.t_min);
+    impl->model_times = read_model_times(file, impl->time_grids);
   } catch (const FormatError& e) {
     if (std::string_view(e.what()).starts_with(op)) throw;
     throw not_weights(e.what());
@@ -225,6 +228,7 @@ std::vector<TokenIds> TextModel::Impl::run_requests(std::string_view op, std::sp
   sampler.grid.grid =
       detail::named_field(op, "schedule", o.schedule, sampler.grid.grid, find_time_grid, time_grid_names());
   sampler.grid.fitted = time_grids;
+  sampler.grid.model_times = model_times;
   if (o.steps > 0) sampler.steps = o.steps;
   for (const TextRequest& request : requests) sampler.noise_groups.push_back({request.n, request.seed});
   if (o.cancel) sampler.progress = [&o](const SamplingProgress&) { return !o.cancel(); };

@@ -73,7 +73,10 @@ int sample_and_write(const SamplingRequest& request, const std::optional<Safeten
   times.load = clock.lap();
 
   SamplerOptions options = request.sampler;
-  if (weights) options.grid.fitted = read_time_grids(*weights, config.t_min);
+  if (weights) {
+    options.grid.fitted = read_time_grids(*weights, config.t_min);
+    options.grid.model_times = read_model_times(*weights, options.grid.fitted);
+  }
   // The step view's header counts the steps, so it replaces the progress bar.
   if (!run.show_steps && !run.quiet && isatty(STDERR_FILENO)) options.progress = ProgressBar();
   StepView view(tokenizer, isatty(STDERR_FILENO) != 0, isatty(STDOUT_FILENO) && !run.output);

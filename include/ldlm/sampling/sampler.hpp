@@ -133,6 +133,8 @@ SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, 
   settings.self_condition = options.self_condition;
   settings.check_finite = ctx.check_finite;
   settings.progress = options.progress;
+  // Heun's second call has no step of its own to take a model time from: on the grid's times.
+  if (sampler_info(options.kind).calls_per_step == 1) settings.model_times = model_times(options.steps, options.grid);
   SolverHooks<S> hooks;
   if (known && !known->rows.empty()) {
     check_condition_options("sample", condition);

@@ -147,6 +147,11 @@ using FittedTimeGrids = std::map<int, std::vector<double>>;
 /// ("ldlm.time_grid.10"); its value is a JSON list of the N + 1 times.
 inline constexpr std::string_view kTimeGridMetadataPrefix = "ldlm.time_grid.";
 
+/// The `__metadata__` key of the decoupled model times that go with a model file's fitted grid
+/// of N steps is this prefix and N ("ldlm.model_time.10"); its value is a JSON list of N times
+/// in (0, 1], the time the denoiser is given at each step's call (SolverSettings::model_times).
+inline constexpr std::string_view kModelTimeMetadataPrefix = "ldlm.model_time.";
+
 inline const NamedChoice<TimeGrid>& time_grid_info(TimeGrid grid) {
   return detail::info_of(kTimeGrids, &NamedChoice<TimeGrid>::value, grid, "time grid: unknown TimeGrid");
 }
@@ -173,6 +178,8 @@ struct TimeGridOptions {
   double rho = 7.0;  // the Karras grid's exponent
   /// The model's fitted grids (read_time_grids), for `fitted` and `automatic`.
   FittedTimeGrids fitted = {};
+  /// The model times of some of those grids (read_model_times), by step count.
+  FittedTimeGrids model_times = {};
 };
 
 /// Throws InvalidArgument unless `times` has at least two entries, starts at most
@@ -258,6 +265,29 @@ inline std::vector<double> time_grid(int steps, double t_min, const TangentSched
   return t;
 }
 
+namespace detail {
+/// The step count N at the end of a metadata key; a CheckpointError naming `where` unless N
+/// is in [1, 1024].
+inline int metadata_step_count(const std::string& where, std::string_view suffix) {
+  int steps = 0;
+  const auto [end, ec] = std::from_chars(suffix.data(), suffix.data() + suffix.size(), steps);
+  if (suffix.empty() || ec != std::errc() || end != suffix.data() + suffix.size() || steps < 1 || steps > 1024)
+    throw CheckpointError(where + ": the key must end in a step count in [1, 1024]");
+  return steps;
+}
+}  // namespace detail
+
+/// The model times that go with time_grid(steps, ..., options), for SolverSettings::model_times:
+/// the model's own when the grid is its fitted one (`fitted`, or `automatic` with a grid for
+/// `steps`) and it has model times for it; else none, and the denoiser is called at the
+/// grid's times.
+inline std::vector<double> model_times(int steps, const TimeGridOptions& options) {
+  if (options.grid != TimeGrid::fitted && options.grid != TimeGrid::automatic) return {};
+  if (!options.fitted.contains(steps)) return {};
+  const auto found = options.model_times.find(steps);
+  return found == options.model_times.end() ? std::vector<double>{} : found->second;
+}
+
 /// The fitted grids in a model file's `__metadata__` (kTimeGridMetadataPrefix), for a model
 /// whose t_min is `t_min`; empty when it has none. A key whose suffix is not a step count
 /// in [1, 1024], or a value that is not a JSON list of steps + 1 numbers from 1 strictly
@@ -267,11 +297,7 @@ inline FittedTimeGrids read_time_grids(const SafetensorsFile& file, double t_min
   for (const auto& [key, value] : file.metadata()) {
     if (!key.starts_with(kTimeGridMetadataPrefix)) continue;
     const std::string where = "checkpoint '" + file.path() + "': __metadata__ '" + key + "'";
-    const std::string_view suffix = std::string_view(key).substr(kTimeGridMetadataPrefix.size());
-    int steps = 0;
-    const auto [end, ec] = std::from_chars(suffix.data(), suffix.data() + suffix.size(), steps);
-    if (suffix.empty() || ec != std::errc() || end != suffix.data() + suffix.size() || steps < 1 || steps > 1024)
-      throw CheckpointError(where + ": the key must end in a step count in [1, 1024]");
+    const int steps = detail::metadata_step_count(where, std::string_view(key).substr(kTimeGridMetadataPrefix.size()));
     const nlohmann::json list =
         read_json(value, [&](const JsonProblem& p) { throw CheckpointError(where + ": " + p.message); });
     if (!list.is_array() || list.size() != static_cast<std::size_t>(steps) + 1)
@@ -294,6 +320,36 @@ inline FittedTimeGrids read_time_grids(const SafetensorsFile& file, double t_min
     grids.emplace(steps, std::move(times));
   }
   return grids;
+}
+
+/// The model times in a model file's `__metadata__` (kModelTimeMetadataPrefix), by step
+/// count; empty when it has none. Each must go with one of `grids` (read_time_grids) of the
+/// same step count, and be a JSON list of that many times in (0, 1]; anything else is a
+/// CheckpointError naming the file and the key.
+inline FittedTimeGrids read_model_times(const SafetensorsFile& file, const FittedTimeGrids& grids) {
+  FittedTimeGrids model_times;
+  for (const auto& [key, value] : file.metadata()) {
+    if (!key.starts_with(kModelTimeMetadataPrefix)) continue;
+    const std::string where = "checkpoint '" + file.path() + "': __metadata__ '" + key + "'";
+    const int steps = detail::metadata_step_count(where, std::string_view(key).substr(kModelTimeMetadataPrefix.size()));
+    if (!grids.contains(steps))
+      throw CheckpointError(where + ": there is no '" + std::string(kTimeGridMetadataPrefix) + std::to_string(steps) +
+                            "' grid for these model times");
+    const nlohmann::json list =
+        read_json(value, [&](const JsonProblem& p) { throw CheckpointError(where + ": " + p.message); });
+    if (!list.is_array() || list.size() != static_cast<std::size_t>(steps))
+      throw CheckpointError(
+          where + ": expected a JSON list of " + std::to_string(steps) + " times, got " +
+          (list.is_array() ? std::to_string(list.size()) + " entries" : std::string(list.type_name())));
+    std::vector<double> times;
+    for (const auto& t : list) {
+      if (!t.is_number() || !(t.get<double>() > 0.0 && t.get<double>() <= 1.0))
+        throw CheckpointError(where + ": expected times in (0, 1], got " + t.dump());
+      times.push_back(t.get<double>());
+    }
+    model_times.emplace(steps, std::move(times));
+  }
+  return model_times;
 }
 
 }  // namespace ldlm

@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "ldlm/core/context.hpp"
 #include "ldlm/core/error.hpp"
@@ -170,6 +171,12 @@ struct SolverSettings {
   /// applied by the hooks spreads to the free values. A step from t = 1 is taken once:
   /// going back there would erase everything. Costs resample × calls per step more.
   int resample = 0;
+  /// The time given to the denoiser at each step's call (every attempt of a resampled
+  /// step), one per step, where it is decoupled from the step's grid time t_i (LD3's
+  /// decoupled model time: docs/model.md §Time grids). Empty: the denoiser is called at
+  /// t_i. The solver's coefficients, the self-condition's extrapolation and the hooks keep
+  /// t_i. Heun's second call has no step of its own, so Heun takes none.
+  std::vector<double> model_times;
 };
 
 /// The number of denoiser calls of `steps` steps of `kind`.
@@ -325,6 +332,21 @@ void check_denoised_finite(const S* x0, Index n, int call, double t) {
     if (!std::isfinite(x0[i]))
       throw NumericError("sample: the denoiser returned a non-finite x0 (" + std::to_string(x0[i]) + " at element " +
                          std::to_string(i) + ") in call " + std::to_string(call) + ", at t = " + std::to_string(t));
+}
+
+/// SolverSettings::model_times: none, or one time in (0, 1] per step, and not with Heun.
+inline void check_model_times(const SolverSettings& settings, int steps) {
+  const std::vector<double>& m = settings.model_times;
+  if (m.empty()) return;
+  if (settings.kind == SamplerKind::heun)
+    throw InvalidArgument("sample: model_times: heun makes two calls per step, model times are one per step");
+  if (m.size() != static_cast<std::size_t>(steps))
+    throw InvalidArgument("sample: model_times: expected one time per step, " + std::to_string(steps) + ", got " +
+                          std::to_string(m.size()));
+  for (std::size_t i = 0; i < m.size(); ++i)
+    if (!(m[i] > 0.0 && m[i] <= 1.0))
+      throw InvalidArgument("sample: model_times: expected times in (0, 1], got " + std::to_string(m[i]) +
+                            " for step " + std::to_string(i));
 }
 
 /// The earlier x̂0's a solver reads beyond self-conditioning (which reads only the most
@@ -608,7 +630,8 @@ void renoise(const TangentSchedule& schedule, double t, double t_next, Index n, 
 
 /// Integrates n values of x from times.front() down to times.back() with the solver of
 /// `settings`, in place: x holds the start (N(0, I) at t = 1) and receives the result
-/// (`settings.endpoint`). `denoise(x, t, self_cond, x0)` writes x̂0(x, t) for n values;
+/// (`settings.endpoint`). `denoise(x, t, self_cond, x0)` writes x̂0(x, t) for n values, t
+/// the step's time or its `settings.model_times` entry;
 /// self_cond is the most recent x̂0, or with SelfCondition::extrapolated the last two
 /// extrapolated to the call's time (zeros before the first call). Stochastic solvers
 /// draw their ξ from `rng`, n normals for each step but the last. Scratch comes from
@@ -626,6 +649,7 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
   if (settings.resample < 0)
     throw InvalidArgument("sample: resample must be >= 0, got " + std::to_string(settings.resample));
   const int total_calls = denoiser_calls(settings, schedule, times);
+  detail::check_model_times(settings, steps);
 
   Arena::Scope scope(arena);
   const auto allocate = [&](bool needed) {
@@ -659,12 +683,14 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
   };
 
   int calls = 0;
-  const auto call = [&](const S* at, double t, const S* cond, S* out) {
-    denoise(at, t, cond, out);
+  // The denoiser sees model_t; everything else the step's time t.
+  const auto call_at = [&](const S* at, double t, double model_t, const S* cond, S* out) {
+    denoise(at, model_t, cond, out);
     ++calls;
-    if (settings.check_finite) detail::check_denoised_finite(out, n, calls, t);
+    if (settings.check_finite) detail::check_denoised_finite(out, n, calls, model_t);
     if (hooks.on_denoised) hooks.on_denoised(t, out);
   };
+  const auto call = [&](const S* at, double t, const S* cond, S* out) { call_at(at, t, t, cond, out); };
 
   const S* denoised = zeros;  // the final x̂0 of the last step
   for (int i = 0; i < steps; ++i) {
@@ -680,7 +706,7 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
                     : s.history[0]                                                       ? s.history[0]
                                                                                          : zeros;
       S* d0 = unused_buffer({earlier_attempt});
-      call(x, s.t, s.self_cond, d0);
+      call_at(x, s.t, settings.model_times.empty() ? s.t : settings.model_times[i], s.self_cond, d0);
       s.d0 = s.denoised = d0;
       s.spare = unused_buffer({d0, earlier_attempt});
       if (s.corrector_pending) detail::unipc_correct(s, hooks);

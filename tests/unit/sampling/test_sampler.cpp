@@ -117,6 +117,38 @@ TEST(Sampler, SameSeedSameResultDifferentSeedDifferentResult) {
       << "the SDE's noise must matter";
 }
 
+// A model's model times reach the denoiser with the fitted grid they go with, and only then:
+// at the grid's own times they change nothing bit for bit, offset they change the latents;
+// another grid, or Heun (two calls per step), ignores them.
+TEST(Sampler, ModelTimesGoWithTheirFittedGrid) {
+  const Pipeline<float> pipeline(small_model());
+  Context ctx(1);
+  const int steps = 4;
+  const Config& c = small_model().config;
+  const std::vector<double> grid =
+      time_grid(steps, c.t_min, TangentSchedule::from_config(c), TimeGridOptions{TimeGrid::lambda});
+  const std::vector<double> own(grid.begin(), grid.end() - 1);
+  std::vector<double> moved = own;
+  for (std::size_t i = 1; i < moved.size(); ++i) moved[i] *= 0.8;
+  const auto sample = [&](SamplerKind kind, TimeGrid which, const std::vector<double>& model_times) {
+    SamplerOptions o = options(3, kind, steps);
+    o.grid.grid = which;
+    o.grid.fitted = {{steps, grid}};
+    if (!model_times.empty()) o.grid.model_times = {{steps, model_times}};
+    return pipeline.sample(ctx, 1, 8, o);
+  };
+  const Tensor3<float> plain = sample(SamplerKind::unipc_3m, TimeGrid::automatic, {});
+  EXPECT_TRUE(same(plain, sample(SamplerKind::unipc_3m, TimeGrid::automatic, own)));
+  EXPECT_FALSE(same(plain, sample(SamplerKind::unipc_3m, TimeGrid::automatic, moved))) << "auto ignored them";
+  EXPECT_FALSE(same(plain, sample(SamplerKind::unipc_3m, TimeGrid::fitted, moved))) << "fitted ignored them";
+  EXPECT_TRUE(
+      same(sample(SamplerKind::unipc_3m, TimeGrid::karras, {}), sample(SamplerKind::unipc_3m, TimeGrid::karras, moved)))
+      << "another grid than theirs used them";
+  EXPECT_TRUE(
+      same(sample(SamplerKind::heun, TimeGrid::automatic, {}), sample(SamplerKind::heun, TimeGrid::automatic, moved)))
+      << "heun used them";
+}
+
 TEST(Sampler, LatentsAreTheLastDeterministicMean) {
   // Replay the sampler by hand with the same generator: N steps, self-conditioning,
   // no noise in the final step.

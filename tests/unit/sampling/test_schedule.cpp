@@ -161,6 +161,37 @@ TEST(ScheduleFittedGrid, StoredGridsAreReadAndUsedForTheirStepCount) {
   EXPECT_TRUE(read_time_grids(file_with_metadata({}), 0.05).empty());
 }
 
+// Model times go with the fitted grid of their step count, and only when that grid is used.
+TEST(ScheduleFittedGrid, StoredModelTimesGoWithTheirGrid) {
+  const SafetensorsFile file = file_with_metadata({{"ldlm.time_grid.2", "[1, 0.5, 0.05]"},
+                                                   {"ldlm.time_grid.3", "[1, 0.9, 0.25, 0.05]"},
+                                                   {"ldlm.model_time.2", "[1, 0.45]"}});
+  const FittedTimeGrids grids = read_time_grids(file, 0.05);
+  const FittedTimeGrids model = read_model_times(file, grids);
+  ASSERT_EQ(model.size(), 1u);
+  TimeGridOptions options{TimeGrid::automatic, 0.0, 7.0, grids, model};
+  EXPECT_EQ(model_times(2, options), (std::vector<double>{1.0, 0.45}));
+  EXPECT_TRUE(model_times(3, options).empty()) << "a grid without model times";
+  EXPECT_TRUE(model_times(4, options).empty()) << "auto's λ fallback";
+  options.grid = TimeGrid::fitted;
+  EXPECT_EQ(model_times(2, options), (std::vector<double>{1.0, 0.45}));
+  options.grid = TimeGrid::lambda;
+  EXPECT_TRUE(model_times(2, options).empty()) << "another grid than the fitted one";
+  EXPECT_TRUE(read_model_times(file_with_metadata({}), {}).empty());
+
+  const auto error = [&](const std::string& key, const std::string& value) {
+    return error_of<CheckpointError>([&] { read_model_times(file_with_metadata({{key, value}}), grids); });
+  };
+  EXPECT_THAT(error("ldlm.model_time.4", "[1, 0.9, 0.5, 0.2]"),
+              HasSubstr("'ldlm.model_time.4': there is no 'ldlm.time_grid.4' grid for these model times"));
+  EXPECT_THAT(error("ldlm.model_time.x", "[1]"), HasSubstr("the key must end in a step count"));
+  EXPECT_THAT(error("ldlm.model_time.2", "[1, 0.5, 0.05]"),
+              HasSubstr("expected a JSON list of 2 times, got 3 entries"));
+  EXPECT_THAT(error("ldlm.model_time.2", "[1, 0]"), HasSubstr("expected times in (0, 1], got 0"));
+  EXPECT_THAT(error("ldlm.model_time.2", "[1.5, 0.5]"), HasSubstr("expected times in (0, 1], got 1.5"));
+  EXPECT_THAT(error("ldlm.model_time.2", "[1, \"x\"]"), HasSubstr("expected times in (0, 1], got \"x\""));
+}
+
 TEST(ScheduleFittedGrid, BadStoredGridsAreClearErrors) {
   const auto error = [](const std::string& key, const std::string& value) {
     return error_of<CheckpointError>([&] { read_time_grids(file_with_metadata({{key, value}}), 0.05); });

@@ -417,6 +417,91 @@ TEST(SolversSelfConditioning, EveryCallGetsTheMostRecentPrediction) {
   }
 }
 
+// SolverSettings::model_times: the denoiser alone sees them. Model times equal to the grid's
+// must give the outputs of no model times bit for bit, for every solver that takes them, with
+// the self-condition extrapolated and a resampled step; offset ones must reach the denoiser,
+// one per call, and nothing else.
+TEST(SolversModelTime, TheDenoiserAloneSeesTheModelTimes) {
+  const TangentSchedule schedule;
+  const std::vector<double> times = time_grid(6, 0.05, schedule, TimeGridOptions{TimeGrid::lambda});
+  std::vector<double> offset(times.begin(), times.end() - 1);
+  for (std::size_t i = 1; i < offset.size(); ++i) offset[i] *= 0.9;
+  for (const SamplerInfo& info : kSamplers) {
+    if (info.kind == SamplerKind::heun) continue;
+    const auto run = [&](const std::vector<double>& model_times, std::vector<double>* seen,
+                         std::vector<double>* hooked) {
+      Gaussian g;
+      auto denoise = [&](const double* x, double t, const double* self_cond, double* x0) {
+        if (seen) seen->push_back(t);
+        g(x, t, self_cond, x0);
+        for (Index k = 0; k < kValues; ++k) x0[k] += 0.1 * self_cond[k];  // so that the self-condition counts
+      };
+      SolverHooks<double> hooks;
+      hooks.on_denoised = [&](double t, double*) {
+        if (hooked) hooked->push_back(t);
+      };
+      std::vector<double> x(kValues);
+      NormalGenerator start(5);
+      start.fill(x.data(), kValues);
+      NormalGenerator rng(1);
+      Arena arena;
+      SolverSettings settings;
+      settings.kind = info.kind;
+      settings.self_condition = SelfCondition::extrapolated;
+      settings.resample = 1;
+      settings.model_times = model_times;
+      integrate<double>(denoise, settings, schedule, times, kValues, x.data(), rng, arena, hooks);
+      return x;
+    };
+    const std::vector<double> plain = run({}, nullptr, nullptr);
+    const std::vector<double> same = run({times.begin(), times.end() - 1}, nullptr, nullptr);
+    Index worst = 0;
+    for (Index k = 0; k < kValues; ++k)
+      if (std::abs(same[k] - plain[k]) > std::abs(same[worst] - plain[worst])) worst = k;
+    EXPECT_EQ(same[worst], plain[worst]) << info.name << ": model times at the grid's times, worst element " << worst;
+
+    std::vector<double> seen, hooked;
+    const std::vector<double> moved = run(offset, &seen, &hooked);
+    // Every step but the first (from t = 1) is taken twice (resample = 1).
+    std::vector<double> expected_seen = {offset[0]}, expected_hooked = {times[0]};
+    for (std::size_t i = 1; i < offset.size(); ++i) {
+      expected_seen.insert(expected_seen.end(), 2, offset[i]);
+      expected_hooked.insert(expected_hooked.end(), 2, times[i]);
+    }
+    EXPECT_EQ(seen, expected_seen) << info.name << ": the times the denoiser saw";
+    EXPECT_EQ(hooked, expected_hooked) << info.name << ": the hooks keep the grid's times";
+    EXPECT_NE(moved, plain) << info.name << ": offset model times changed nothing";
+  }
+}
+
+TEST(SolversModelTime, BadModelTimesAreClearErrors) {
+  const TangentSchedule s;
+  const auto times = time_grid(4, 0.05);
+  auto denoise = [](const double*, double, const double*, double* out) { out[0] = 0.0; };
+  const auto error_with = [&](SamplerKind kind, std::vector<double> model_times) {
+    std::vector<double> x = {0.0};
+    NormalGenerator rng(0);
+    Arena arena;
+    SolverSettings settings;
+    settings.kind = kind;
+    settings.model_times = std::move(model_times);
+    try {
+      integrate<double>(denoise, settings, s, times, 1, x.data(), rng, arena);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_THAT(error_with(SamplerKind::unipc_3m, {1.0, 0.7, 0.5}),
+              HasSubstr("sample: model_times: expected one time per step, 4, got 3"));
+  EXPECT_THAT(error_with(SamplerKind::unipc_3m, {1.0, 0.7, 0.0, 0.2}),
+              HasSubstr("sample: model_times: expected times in (0, 1], got 0.000000 for step 2"));
+  EXPECT_THAT(error_with(SamplerKind::ddim, {1.0, 0.7, 0.5, std::nan("")}),
+              HasSubstr("expected times in (0, 1], got nan for step 3"));
+  EXPECT_THAT(error_with(SamplerKind::heun, {1.0, 0.7, 0.5, 0.2}),
+              HasSubstr("sample: model_times: heun makes two calls per step"));
+}
+
 TEST(SolversSelfConditioning, ExtrapolatedSelfConditionIsLinearInLambda) {
   // From t = 1 the first step's x̂0 sits at λ = −∞: calls 1-3 get zeros, D_0, D_1; call
   // i ≥ 4 gets D_{i−1} + (λ_i − λ_{i−1}) / (λ_{i−1} − λ_{i−2}) · (D_{i−1} − D_{i−2}).
