@@ -368,7 +368,7 @@ def rss(args) -> tuple[str, dict]:
     fp32 = results[0][1]
     lines = [f"Peak RSS of `ldlm generate --length {args.length} --steps {args.steps} --threads 2` on ldlm-base "
              "generator weights (the process's maxrss):", "", "| model | peak RSS | / fp32 |", "|---|---|---|"]
-    lines += [f"| {name} | {mb:.0f} MB | {mb / fp32:.2f} |" for name, mb in results]
+    lines += [f"| {name} | {mb:.0f} MB | {mb / fp32:.3f} |" for name, mb in results]
     lines += ["", f"The quantized checkpoint (`ldlm quantize OUT --init-seed 7`, {quantize_s:.0f} s): "
               f"{size_mb:.0f} MB (the feature model generated from its seed, not stored)."]
     return "\n".join(lines) + "\n", {"rss_ratio_file": results[2][1] / fp32, "rss_ratio_load": results[1][1] / fp32,
@@ -479,8 +479,8 @@ def report(args) -> None:
     wanted = ["avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16"]
     command = "PYTHONPATH=tools:. /usr/bin/python3 bench/int8_compare.py " + " ".join(sys.argv[1:])
 
-    def met(value, ok):
-        return f"{value:.2f}, **{'met' if ok else 'missed'}**"
+    def met(value, ok, digits=2):
+        return f"{value:.{digits}f}, **{'met' if ok else 'missed'}**"
 
     lines = [f"# int8 against bf16, PyTorch int8 and fp32 on {fields.get('Model name', 'this CPU')}", "",
              f"Written by `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
@@ -500,8 +500,8 @@ def report(args) -> None:
                 f"{max(paired):.2f}] as the median of {len(paired)} rounds paired run by run (`--paired-rounds`)"
                 if paired else ""),
              f"- peak RSS of generate at int8 ≤ 0.35x fp32's, from a quantized checkpoint: "
-             f"{met(rss_figures['rss_ratio_file'], rss_figures['rss_ratio_file'] <= 0.35)}; quantized at load: "
-             f"{rss_figures['rss_ratio_load']:.2f} (generator weights), {rss_figures['rss_ratio_float_file']:.2f} "
+             f"{met(rss_figures['rss_ratio_file'], rss_figures['rss_ratio_file'] <= 0.35, 3)}; quantized at load: "
+             f"{rss_figures['rss_ratio_load']:.3f} (generator weights), {rss_figures['rss_ratio_float_file']:.3f} "
              "(an F32 checkpoint)", "",
              "## Speed", "", speed_text, "## Peak RSS", "", rss_text, "## Dictionary-word share", "", words_text,
              "## Accuracy per module", "", accuracy_text]
