@@ -381,12 +381,12 @@ def write_dequantized(quantized: str, out: str) -> None:
     import torch
     from reference.safetensors_io import read_safetensors, write_safetensors
     tensors, metadata = read_safetensors(quantized)
+    scales = {name + ".scale" for name, t in tensors.items() if t.dtype == torch.int8}
     values = {}
     for name, t in tensors.items():
         if t.dtype == torch.int8:
             values[name] = t.to(torch.float32) * tensors[name + ".scale"].to(torch.float32)[:, None]
-        elif not (name.endswith(".scale") and tensors.get(name[:-len(".scale")]) is not None
-                  and tensors[name[:-len(".scale")]].dtype == torch.int8):
+        elif name not in scales:
             values[name] = t.to(torch.float32)
     metadata = {k: v for k, v in (metadata or {}).items() if k != "ldlm.quantization"}
     write_safetensors(out, values, metadata)

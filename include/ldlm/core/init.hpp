@@ -60,20 +60,15 @@ void init_parameter(P& p, std::string_view full_name, std::uint64_t seed) {
 /// each matrix-product weight for `pack` right after filling it (so a bf16 model
 /// never holds all its weights in fp32 at once); std::nullopt keeps them plain. At
 /// int8 a weight int8 quantizes is made and quantized a block of rows at a time
-/// (pack_int8_from_rows), never whole in fp32.
+/// (pack_int8_from_blocks), never whole in fp32.
 template <class M>
 void init_parameters(M& module, std::uint64_t seed, const std::string& prefix = "",
                      std::optional<Precision> pack = Precision::fp32) {
   module.visit(prefix, [&](const std::string& name, auto& p) {
-    if constexpr (requires { p.pack_int8_from_rows([](Index, Index, float*) {}); }) {
-      if (pack == Precision::int8 && p.packs_int8_from_rows()) {
-        const Index K = p.shape()[1];
-        p.pack_int8_from_rows([&](Index r0, Index rows, float* dst) {
-          init_values(name, p.shape(), seed, r0 * K, rows * K, dst);
-        });
-        return;
-      }
-    }
+    const auto make = [&](std::int64_t first, std::int64_t count, float* dst) {
+      init_values(name, p.shape(), seed, first, count, dst);
+    };
+    if (pack_int8_from_blocks(p, pack, make)) return;
     init_parameter(p, name, seed);
     pack_if_matmul_weight(p, pack);
   });

@@ -106,6 +106,21 @@ void pack_if_matmul_weight(P& p, std::optional<Precision> precision) {
   }
 }
 
+/// At int8, packs a weight that int8 quantizes from values that come a block at a time:
+/// read(first, count, dst) writes its flat elements [first, first + count) to dst
+/// (nn::MatmulWeight::pack_int8_from_blocks), so that they are never whole in float.
+/// Returns false, having read nothing, for any other parameter or precision.
+template <class P, class Read>
+bool pack_int8_from_blocks(P& p, std::optional<Precision> precision, Read&& read) {
+  if constexpr (requires { p.pack_int8_from_blocks(read); }) {
+    if (precision == Precision::int8 && p.packs_int8_from_blocks()) {
+      p.pack_int8_from_blocks(read);
+      return true;
+    }
+  }
+  return false;
+}
+
 /// Packs every matrix-product weight of a loaded module (see nn::MatmulWeight).
 template <class M>
 void pack_parameters(M& module, Precision precision) {

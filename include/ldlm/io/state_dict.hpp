@@ -151,16 +151,11 @@ std::optional<std::string> load_tensor(const SafetensorsFile& file, const std::s
                           std::string(dtype_name(info.dtype)) + ", expected a floating dtype (F32, F16, BF16 or F64)");
   // A float weight that int8 quantizes is quantized a block of rows at a time as it is
   // read, each block's file pages dropped at once: it is never held whole in float.
-  if constexpr (requires { p.pack_int8_from_rows([](Index, Index, float*) {}); }) {
-    if (pack == Precision::int8 && p.packs_int8_from_rows()) {
-      const Index K = p.shape()[1];
-      p.pack_int8_from_rows([&](Index r0, Index rows, float* dst) {
-        file.read_elements_into(name, r0 * K, rows * K, dst);
-        file.release_pages();
-      });
-      return std::nullopt;
-    }
-  }
+  const auto read = [&](std::int64_t first, std::int64_t count, float* dst) {
+    file.read_elements_into(name, first, count, dst);
+    file.release_pages();
+  };
+  if (pack_int8_from_blocks(p, pack, read)) return std::nullopt;
   p.allocate();
   file.read_into(name, p.data(), p.numel());
   file.release_pages();

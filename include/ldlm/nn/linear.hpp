@@ -89,19 +89,20 @@ class MatmulWeight : public Parameter<S> {
     if (precision) pack(*precision);
   }
 
-  /// Whether pack_int8_from_rows takes this weight: an [out, in] weight int8 quantizes.
-  bool packs_int8_from_rows() const { return quantize_at_int8_ && layout_ == WeightLayout::out_in; }
+  /// Whether pack_int8_from_blocks takes this weight: an [out, in] weight int8 quantizes.
+  bool packs_int8_from_blocks() const { return quantize_at_int8_ && layout_ == WeightLayout::out_in; }
   /// Packs for int8 a weight int8 quantizes, [out, in], whose float values come a block
-  /// of rows at a time: read_rows(r0, rows, dst) writes rows [r0, r0 + rows) to dst.
+  /// of whole rows at a time: read(first, count, dst) writes the flat elements
+  /// [first, first + count) to dst (pack_int8_from_blocks in core/parameter.hpp).
   /// Each block is quantized as it comes (quantize_channels_into: a row is a channel),
   /// so the float values are never whole in memory, and the packing is load_quantized's
   /// of the whole weight quantized at once. Loading a float checkpoint at int8 thus
   /// peaks where loading a quantized one does (lm_head alone is 154 MB in fp32).
-  template <class ReadRows>
+  template <class Read>
     requires std::same_as<S, float>
-  void pack_int8_from_rows(ReadRows&& read_rows) {
-    if (!packs_int8_from_rows())
-      throw InvalidArgument("MatmulWeight::pack_int8_from_rows: weight " + shape_string(this->shape()) +
+  void pack_int8_from_blocks(Read&& read) {
+    if (!packs_int8_from_blocks())
+      throw InvalidArgument("MatmulWeight::pack_int8_from_blocks: weight " + shape_string(this->shape()) +
                             " is not an [out, in] weight that int8 quantizes");
     const Index N = this->shape()[0], K = this->shape()[1];
     std::vector<std::int8_t> values(static_cast<std::size_t>(N * K));
@@ -109,7 +110,7 @@ class MatmulWeight : public Parameter<S> {
     std::vector<float> block(static_cast<std::size_t>(std::min(N, kQuantizedRows) * K));
     for (Index r0 = 0; r0 < N; r0 += kQuantizedRows) {
       const Index rows = std::min(kQuantizedRows, N - r0);
-      read_rows(r0, rows, block.data());
+      read(r0 * K, rows * K, block.data());
       quantize_channels_into(ConstMatrixMap<float>(block.data(), rows, K), layout_, values.data() + r0 * K,
                              scales.data() + r0);
     }
@@ -132,7 +133,7 @@ class MatmulWeight : public Parameter<S> {
   }
 
  private:
-  static constexpr Index kQuantizedRows = 256;  // pack_int8_from_rows' block: lm_head's is 768 KB of floats
+  static constexpr Index kQuantizedRows = 256;  // pack_int8_from_blocks' block: lm_head's is 768 KB of floats
   WeightLayout layout_ = WeightLayout::out_in;
   bool quantize_at_int8_ = false;
   std::shared_ptr<const PackedMatrix> packed_;  // shared: copies of a module share one packing

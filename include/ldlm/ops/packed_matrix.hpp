@@ -242,8 +242,8 @@ class PackedMatrix {
   /// From 1 MB up they are pages of their own (mmap), apart from the heap: a packed
   /// weight lives as long as its model, and in the heap it would sit between the
   /// loading's short-lived buffers (the float copy of each weight packed in bf16, 14 MB
-  /// for an adaLN map), whose memory glibc then keeps. Loading ldlm-base at int8 from a
-  /// float file peaked 23 MB (6 %) higher that way (bench/results/README.md).
+  /// for an adaLN map), whose memory glibc then keeps. `ldlm generate` at int8
+  /// from a float file peaked 22 MB (5 %) higher that way, at fp32 73 MB (bench/results/README.md).
   class Storage {
    public:
     Storage() = default;
@@ -343,15 +343,16 @@ class PackedMatrix {
     std::int8_t* const quantized = reinterpret_cast<std::int8_t*>(scratch);
     float* const row_scales = reinterpret_cast<float*>(scratch + int8_scales_offset(M));
     for (Index r = 0; r < M; ++r) row_scales[r] = quantize_s8(x + r * ldx, k_, quantized + r * k_);
-    const Index block = ldy == n_ ? M : kInt8StridedRows;
-    float* const sums = ldy == n_ ? y : reinterpret_cast<float*>(scratch + int8_sums_offset(M));
+    const bool dense = ldy == n_;
+    const Index block = dense ? M : kInt8StridedRows;
     const float* const channel_scales = weight_scales_.data();
     for (Index r0 = 0; r0 < M; r0 += block) {
       const Index rows = std::min(block, M - r0);
-      product_dense(quantized + r0 * k_, rows, nullptr, ldy == n_ ? y + r0 * n_ : sums, Activation::none);
+      float* const sums = dense ? y + r0 * n_ : reinterpret_cast<float*>(scratch + int8_sums_offset(M));
+      product_dense(quantized + r0 * k_, rows, nullptr, sums, Activation::none);
       for (Index r = r0; r < r0 + rows; ++r) {
         const float row_scale = row_scales[r];
-        const float* const in = ldy == n_ ? y + r * n_ : sums + (r - r0) * n_;
+        const float* const in = sums + (r - r0) * n_;
         float* const out = y + r * ldy;
         if (bias)
           for (Index n = 0; n < n_; ++n) out[n] = in[n] * (row_scale * channel_scales[n]) + bias[n];

@@ -170,7 +170,7 @@ Matrix<float> linear_output(const nn::Linear<float>& lin, const Matrix<float>& x
 
 TEST(PackedMatrixInt8, AWeightMadeOrReadInBlocksOfRowsPacksAsTheWholeWeight) {
   // At int8, a weight int8 quantizes is generated, or read from a float file, a block of
-  // rows at a time and quantized as it comes (MatmulWeight::pack_int8_from_rows), never
+  // rows at a time and quantized as it comes (MatmulWeight::pack_int8_from_blocks), never
   // whole in float. 600 output channels are three blocks of 256 rows, the last short:
   // each block's values and scales must land at its own rows.
   if (!int8_available()) GTEST_SKIP() << int8_unavailable_reason();
