@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ldlm/core/error.hpp"
+#include "ldlm/core/memory.hpp"
 #include "ldlm/core/tensor.hpp"
 
 namespace ldlm {
@@ -166,28 +167,28 @@ class Arena {
   template <class T>
   T* allocate(std::size_t n) {
     const std::size_t bytes = rounded_bytes(n, sizeof(T));
-    while (current_ < blocks_.size() && offset_ + bytes > blocks_[current_].size) {
+    while (current_ < blocks_.size() && offset_ + bytes > blocks_[current_].size()) {
       ++current_;
       offset_ = 0;
     }
     if (current_ == blocks_.size()) {
-      const std::size_t last = blocks_.empty() ? 0 : blocks_.back().size;
+      const std::size_t last = blocks_.empty() ? 0 : blocks_.back().size();
       blocks_.push_back(Block(std::max(bytes, last <= SIZE_MAX / 2 ? 2 * last : 0)));
       offset_ = 0;
     }
-    std::byte* p = blocks_[current_].data.get() + offset_;
+    std::byte* p = blocks_[current_].data() + offset_;
     offset_ += bytes;
     return reinterpret_cast<T*>(p);
   }
 
   std::size_t capacity() const {
     std::size_t c = 0;
-    for (const auto& b : blocks_) c += b.size;
+    for (const auto& b : blocks_) c += b.size();
     return c;
   }
 
  private:
-  static constexpr std::size_t kAlign = 64;
+  static constexpr std::size_t kAlign = AlignedBytes::kAlign;
 
   /// n · size rounded up to kAlign. A count computed from negative or huge extents
   /// (an Index converted to size_t) is an error here, not a short block.
@@ -199,15 +200,9 @@ class Arena {
     return (*bytes + kAlign - 1) / kAlign * kAlign;
   }
 
-  struct Deleter {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(kAlign)); }
-  };
-  struct Block {
-    explicit Block(std::size_t n)
-        : data(static_cast<std::byte*>(::operator new[](n, std::align_val_t(kAlign)))), size(n) {}
-    std::unique_ptr<std::byte[], Deleter> data;
-    std::size_t size;
-  };
+  // A block from 1 MB up has pages of its own: when blocks merge, the sampler's blocks
+  // go back to the system before decoding faults in the merged one.
+  using Block = AlignedBytes;
 
   void coalesce() {
     if (blocks_.size() > 1) {

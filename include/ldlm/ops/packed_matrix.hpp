@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include <sys/mman.h>
 
 #include "ldlm/core/error.hpp"
+#include "ldlm/core/memory.hpp"
 #include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
 #include "ldlm/ops/activation.hpp"
@@ -238,32 +238,18 @@ class PackedMatrix {
   }
 
  private:
-  /// 64-byte aligned bytes, shared so that copies of a module share one packed weight.
-  /// From 1 MB up they are pages of their own (mmap), apart from the heap: a packed
-  /// weight lives as long as its model, and in the heap it would sit between the
-  /// loading's short-lived buffers (the float copy of each weight packed in bf16, 14 MB
-  /// for an adaLN map), whose memory glibc then keeps. `ldlm generate` at int8
-  /// from a float file peaked 22 MB (5 %) higher that way, at fp32 73 MB (bench/results/README.md).
+  /// The packed bytes, shared so that copies of a module share one packed weight. A
+  /// packed weight lives as long as its model, so from 1 MB up it has pages of its own
+  /// (AlignedBytes), apart from the heap's short-lived buffers of loading.
   class Storage {
    public:
     Storage() = default;
-    explicit Storage(std::size_t n) : size_(n) {
-      if (n >= kOwnPages) {
-        void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) throw std::bad_alloc();
-        data_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [n](std::byte* q) { ::munmap(q, n); });
-      } else {
-        data_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(::operator new[](n, std::align_val_t(64))),
-                                           [](std::byte* q) { ::operator delete[](q, std::align_val_t(64)); });
-      }
-    }
-    std::byte* data() const { return data_.get(); }
-    std::size_t size() const { return size_; }
+    explicit Storage(std::size_t n) : bytes_(std::make_shared<const AlignedBytes>(n)) {}
+    std::byte* data() const { return bytes_ ? bytes_->data() : nullptr; }
+    std::size_t size() const { return bytes_ ? bytes_->size() : 0; }
 
    private:
-    static constexpr std::size_t kOwnPages = std::size_t(1) << 20;
-    std::shared_ptr<std::byte> data_;
-    std::size_t size_ = 0;
+    std::shared_ptr<const AlignedBytes> bytes_;
   };
 
   /// Reorders w into oneDNN's layout for its fp32 or bf16 kernels.

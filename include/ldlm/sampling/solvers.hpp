@@ -660,11 +660,14 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
   // which the next attempt conditions on.
   std::array<S*, 7> buffers{};
   for (S*& b : buffers) b = allocate(true);
-  S* zeros = allocate(true);
-  std::fill(zeros, zeros + n, S(0));
   S* noise = allocate(info.stochastic || settings.resample > 0);
   const bool extrapolate = settings.self_condition == SelfCondition::extrapolated;
   S* extrapolated = allocate(extrapolate);
+  // The first call's self-condition. The extrapolation needs two finite steps before
+  // it, so it is written at the third call at the earliest, and its buffer can hold
+  // these zeros until then: one buffer fewer resident (3.1 MB at T 1024).
+  S* zeros = extrapolate ? extrapolated : allocate(true);
+  std::fill(zeros, zeros + n, S(0));
   detail::SolverState<S> s;
   s.kind = settings.kind;
   s.n = n;

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <latch>
 #include <limits>
 #include <string>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "ldlm/ldlm.hpp"
+#include "support/memory.hpp"
 #include "support/reference.hpp"
 
 namespace unit_core_context {
@@ -248,6 +250,26 @@ TEST(Context, ArenaRepeatedPassReusesTheSameBytes) {
     EXPECT_EQ(pass(), second) << "call " << call;
     EXPECT_EQ(arena.capacity(), capacity) << "call " << call;
   }
+}
+
+// When a pass's blocks merge, the old blocks must go back to the system before the next
+// pass faults in the merged one: the sampler's blocks stayed resident through decoding
+// while they came from glibc's heap (docs/performance.md §int8, "Memory").
+TEST(Context, ArenaMergedBlocksGoBackToTheSystem) {
+  ldlm::test::raise_malloc_mmap_threshold();
+  Arena arena;
+  std::vector<const std::byte*> first_pass;
+  {
+    Arena::Scope pass(arena);
+    for (int i = 0; i < 3; ++i) {
+      std::byte* b = arena.allocate<std::byte>(std::size_t(3) << 20);  // a block each
+      std::memset(b, 1, std::size_t(3) << 20);
+      first_pass.push_back(b + (std::size_t(3) << 19));
+    }
+  }
+  ASSERT_GE(arena.capacity(), std::size_t(9) << 20);
+  for (std::size_t i = 0; i < first_pass.size(); ++i)
+    EXPECT_FALSE(ldlm::test::page_resident(first_pass[i])) << "block " << i << " of the merged pass is still resident";
 }
 
 TEST(Context, ArenaRejectsByteCountsThatOverflow) {

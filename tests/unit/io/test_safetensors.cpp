@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "support/errors.hpp"
+#include "support/memory.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,7 @@ namespace unit_io_safetensors {
 namespace {
 
 using ldlm::test::error_of;
+using ldlm::test::resident_bytes_of_mapping;
 
 using ldlm::DType;
 using ldlm::SafetensorsFile;
@@ -296,23 +298,6 @@ TEST(Safetensors, MmapFileWrittenByWriter) {
   w2.write(path);
   EXPECT_EQ(SafetensorsFile::open(path).tensors().size(), 1u);
   EXPECT_EQ(g.read<float>("weights"), v);  // the old mapping stays valid after the rename
-}
-
-/// Resident bytes of this process's mapping that holds `address` (/proc/self/smaps' Rss).
-std::int64_t resident_bytes_of_mapping(const void* address) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto at = reinterpret_cast<std::uintptr_t>(address);
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    unsigned long begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(' ') < line.find(':')) {
-      inside = begin <= at && at < end;
-    } else if (inside && line.starts_with("Rss:")) {
-      return std::stoll(line.substr(4)) * 1024;
-    }
-  }
-  return -1;
 }
 
 TEST(Safetensors, ReadingABlockAndReleasingLeavesNoPageOfTheFileResident) {

@@ -1,0 +1,67 @@
+// Aligned byte buffers for the library's large, long-lived memory: packed weights and
+// the arenas' blocks.
+#pragma once
+
+#include <cstddef>
+#include <new>
+#include <utility>
+
+#include <sys/mman.h>
+
+namespace ldlm {
+
+/// 64-byte aligned, uninitialised bytes, owned; move-only. From 1 MB up they are pages of
+/// their own (mmap), apart from the heap, so that freeing them gives the memory back to
+/// the system at once. glibc raises its mmap threshold to the largest block freed (up to
+/// 32 MB), after which its heap serves large blocks too, and keeps their freed memory
+/// resident while anything lives above it: packed weights in the heap kept the loading's
+/// freed float copies resident, 22 MB of `ldlm generate`'s peak at int8 and 73 MB at fp32
+/// (bench/results/README.md, "a float checkpoint loaded at int8, and the heap"). Pages
+/// never written are not resident, so a large buffer costs only what is written to it.
+class AlignedBytes {
+ public:
+  static constexpr std::size_t kAlign = 64;
+  static constexpr std::size_t kOwnPages = std::size_t(1) << 20;
+
+  AlignedBytes() = default;
+  explicit AlignedBytes(std::size_t n) : size_(n) {
+    if (n >= kOwnPages) {
+      void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      data_ = static_cast<std::byte*>(p);
+    } else if (n > 0) {
+      data_ = static_cast<std::byte*>(::operator new[](n, std::align_val_t(kAlign)));
+    }
+  }
+  AlignedBytes(AlignedBytes&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  AlignedBytes& operator=(AlignedBytes&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  AlignedBytes(const AlignedBytes&) = delete;
+  AlignedBytes& operator=(const AlignedBytes&) = delete;
+  ~AlignedBytes() { release(); }
+
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  void release() {
+    if (!data_) return;
+    if (size_ >= kOwnPages)
+      ::munmap(data_, size_);
+    else
+      ::operator delete[](data_, std::align_val_t(kAlign));
+    data_ = nullptr;
+  }
+
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace ldlm
