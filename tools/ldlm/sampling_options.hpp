@@ -81,12 +81,17 @@ std::vector<Option> sampler_option_list() {
                     kSelfConditions, "self-condition",
                     "the x0 each denoiser call is conditioned on: previous, the last step's, or\n"
                     "extrapolated to the call's time from the last two steps'"),
+      choice_option("unipc-variant", ldlm::detail::joined_names(kUniPCVariants, "|"), &SamplerOptions::unipc_variant,
+                    kUniPCVariants, "UniPC variant",
+                    "UniPC's B(h) (unipc, unipc-3m): bh2, e^h - 1, or bh1, h; it changes only the\n"
+                    "weight of the predictor with one earlier x0"),
       value_option("seed", "S", &SamplerOptions::seed, {},
                    "noise seed; the same seed and --threads give the same tokens"),
   };
 }
 
-/// --steps, --sampler, --schedule, --sigma-max, --rho, --endpoint, --self-condition and --seed.
+/// --steps, --sampler, --schedule, --sigma-max, --rho, --endpoint, --self-condition,
+/// --unipc-variant and --seed.
 SamplerOptions sampler_options(const Args& args) {
   SamplerOptions options = args.read<SamplerOptions>();
   options.grid = args.read(options.grid);

@@ -40,6 +40,7 @@ struct SamplerOptions {
   Endpoint endpoint = Endpoint::sample;
   HeunSelfCondition heun_self_condition = HeunSelfCondition::latest;
   SelfCondition self_condition = kDefaultSelfCondition;
+  UniPCVariant unipc_variant = UniPCVariant::bh2;  // SolverSettings::unipc_variant
   std::uint64_t seed = 0;
   /// Empty: every sequence draws from `seed`. Otherwise consecutive groups of sequences
   /// (their rows adding up to the batch), each drawing from its own seed what it would
@@ -131,6 +132,7 @@ SamplingStats sample_latents_checked(Context& ctx, const Denoiser<S>& denoiser, 
   settings.endpoint = options.endpoint;
   settings.heun_self_condition = options.heun_self_condition;
   settings.self_condition = options.self_condition;
+  settings.unipc_variant = options.unipc_variant;
   settings.check_finite = ctx.check_finite;
   settings.progress = options.progress;
   // Heun's second call has no step of its own to take a model time from: on the grid's times.

@@ -119,6 +119,20 @@ inline constexpr std::array<NamedChoice<SelfCondition>, 2> kSelfConditions{{
 /// `previous` cost 0.01-0.03 of agreement at 6-20 calls (docs/model.md §Choosing the default).
 inline constexpr SelfCondition kDefaultSelfCondition = SelfCondition::extrapolated;
 
+/// B(h) of UniPC's order conditions (Zhao et al. 2023). In the data-prediction form the
+/// weights that solve the conditions scale as 1/B(h) and enter the step multiplied by B(h),
+/// so B cancels from them: it acts only through the fixed ρ = ½ of the predictor with one
+/// earlier x̂0 (docs/model.md §Solvers).
+enum class UniPCVariant {
+  bh2,  // B(h) = e^{h} − 1: ρ = ½ on α'(1 − e^{−h}), DPM-Solver++(2M)'s step
+  bh1,  // B(h) = h: ρ = ½ on α' h, which UniPC's authors advise for unconditional sampling
+};
+
+inline constexpr std::array<NamedChoice<UniPCVariant>, 2> kUniPCVariants{{
+    {UniPCVariant::bh2, "bh2", "B(h) = e^h - 1"},
+    {UniPCVariant::bh1, "bh1", "B(h) = h"},
+}};
+
 /// Where a sampling run has got to, after each step.
 struct SamplingProgress {
   int step = 0, steps = 0;                  // steps done, of steps
@@ -177,6 +191,8 @@ struct SolverSettings {
   /// t_i. The solver's coefficients, the self-condition's extrapolation and the hooks keep
   /// t_i. Heun's second call has no step of its own, so Heun takes none.
   std::vector<double> model_times;
+  /// UniPC's B(h) (unipc, unipc-3m; the others ignore it).
+  UniPCVariant unipc_variant = UniPCVariant::bh2;
 };
 
 /// The number of denoiser calls of `steps` steps of `kind`.
@@ -245,7 +261,7 @@ struct ExponentialStep {
   double phi1_over_h() const { return std::isfinite(h) ? -std::expm1(-h) / h : 0.0; }
 };
 
-/// The weights of one UniPC step (Zhao et al. 2023, the B(h) = e^{h} − 1 variant, in the
+/// The weights of one UniPC step (Zhao et al. 2023, B(h) = e^{h} − 1 unless `variant` says h, in the
 /// data prediction; docs/model.md §Solvers) from t_i to t_{i+1} of length h, using up to
 /// `max_history` earlier x̂0's whose steps are usable (finite h). With
 /// D1_k = (D_{i−k} − D_i) / r_k and r_k = (λ_{i−k} − λ_i) / h < 0:
@@ -260,7 +276,8 @@ struct UniPCWeights {
 
   /// h of this step; h_previous and h_before_previous of the two steps before it (∞ when
   /// there is none, or it started at t = 1).
-  static UniPCWeights between(double h, double h_previous, double h_before_previous, int max_history) {
+  static UniPCWeights between(double h, double h_previous, double h_before_previous, int max_history,
+                              UniPCVariant variant = UniPCVariant::bh2) {
     UniPCWeights w;
     if (max_history >= 1 && std::isfinite(h_previous)) {
       w.history = 1;
@@ -284,7 +301,9 @@ struct UniPCWeights {
     }
     // The predictor with one earlier x̂0 is DPM-Solver++(2M)'s midpoint rule (ρ = ½); with
     // two it solves the 2×2 order conditions.
-    if (w.history == 1) w.predictor[0] = 0.5;
+    // With B(h) = h the step is α' h ρ D1 where the code multiplies by α'(1 − e^{−h}).
+    if (w.history == 1)
+      w.predictor[0] = variant == UniPCVariant::bh1 && std::isfinite(h) ? 0.5 * h / -std::expm1(-h) : 0.5;
     if (w.history == 2) {
       const auto rho = solve({{{1.0, 1.0, 0.0}, {w.r[0], w.r[1], 0.0}, {0.0, 0.0, 1.0}}}, {b[0], b[1], 0.0}, 2);
       w.predictor = {rho[0], rho[1]};
@@ -392,6 +411,7 @@ struct SolverState {
   // Heun's predicted x at t_next.
   S* predictor = nullptr;
   HeunSelfCondition heun_self_condition = HeunSelfCondition::latest;
+  UniPCVariant unipc_variant = UniPCVariant::bh2;
   // UniPC's corrector of x_{i+1}, but for the term in D_{i+1}: set by step i, applied by
   // step i + 1 once its call has given D_{i+1}. Kept in double: it is a partial sum.
   double* corrector_base = nullptr;
@@ -546,7 +566,8 @@ void deis_step(SolverState<S>& s, const TangentSchedule& schedule) {
 /// UniPC's predictor; it leaves the corrector of x_{i+1} pending until the next call.
 template <class S>
 void unipc_step(SolverState<S>& s) {
-  const UniPCWeights w = UniPCWeights::between(s.e.h, s.h_history[0], s.h_history[1], history_depth(s.kind));
+  const UniPCWeights w =
+      UniPCWeights::between(s.e.h, s.h_history[0], s.h_history[1], history_depth(s.kind), s.unipc_variant);
   const double cx = s.e.sigma_ratio, c = s.e.alpha_next * -std::expm1(-s.e.h);
   const double new_weight = w.corrector[w.history];
   for (Index k = 0; k < s.n; ++k) {
@@ -673,6 +694,7 @@ SamplingStats integrate(Denoise&& denoise, const SolverSettings& settings, const
   s.n = n;
   s.x = x;
   s.heun_self_condition = settings.heun_self_condition;
+  s.unipc_variant = settings.unipc_variant;
   s.predictor = allocate(settings.kind == SamplerKind::heun);
   if (settings.kind == SamplerKind::unipc || settings.kind == SamplerKind::unipc_3m)
     s.corrector_base = arena.allocate<double>(static_cast<std::size_t>(n));

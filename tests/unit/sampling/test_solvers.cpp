@@ -46,7 +46,8 @@ struct Gaussian {
 constexpr Index kValues = 16;
 
 /// Largest |x_N − x(t_min)| over kValues start values, for `steps` steps from t_0.
-double solver_error(SamplerKind kind, int steps, double t0, Endpoint endpoint = Endpoint::sample) {
+double solver_error(SamplerKind kind, int steps, double t0, Endpoint endpoint = Endpoint::sample,
+                    UniPCVariant variant = UniPCVariant::bh2) {
   Gaussian g;
   std::vector<double> times = time_grid(steps, 0.05);
   for (int i = 0; i <= steps; ++i) times[i] = t0 - (t0 - 0.05) * i / steps;
@@ -60,6 +61,7 @@ double solver_error(SamplerKind kind, int steps, double t0, Endpoint endpoint = 
   SolverSettings settings;
   settings.kind = kind;
   settings.endpoint = endpoint;
+  settings.unipc_variant = variant;
   integrate<double>(g, settings, g.schedule, times, kValues, x.data(), rng, arena);
   double worst = 0;
   for (Index i = 0; i < kValues; ++i) {
@@ -72,8 +74,9 @@ double solver_error(SamplerKind kind, int steps, double t0, Endpoint endpoint = 
   return worst;
 }
 
-double observed_order(SamplerKind kind, int steps, double t0) {
-  return std::log2(solver_error(kind, steps, t0) / solver_error(kind, 2 * steps, t0));
+double observed_order(SamplerKind kind, int steps, double t0, UniPCVariant variant = UniPCVariant::bh2) {
+  return std::log2(solver_error(kind, steps, t0, Endpoint::sample, variant) /
+                   solver_error(kind, 2 * steps, t0, Endpoint::sample, variant));
 }
 
 // Below t = 0.95 the clipped β is the true one, so every solver integrates the same ODE.
@@ -118,6 +121,20 @@ TEST(SolversOrder, ThirdOrderSolversConvergeFasterThanSecondOrder) {
       EXPECT_LT(solver_error(kind, 64, t0), second) << sampler_info(kind).name << " from t0 = " << t0;
     }
   }
+}
+
+TEST(SolversOrder, UniPCWithBh1KeepsItsOrder) {
+  // B(h) = h weights the 2M predictor's D1 by α' h / 2 instead of α'(1 − e^{−h}) / 2: the
+  // two differ by O(h²), so the predictor stays second order and the corrected step third.
+  // Measured at 64 → 128 steps from t0 = 0.9 (1.0): unipc 2.74 (2.70), against bh2's 2.58
+  // (2.52), with an error 1.9x bh2's at 64 steps (2.3e-3, 2M's 1.8e-3); unipc-3m uses the 2M
+  // predictor at its second step only, and its error equals bh2's to three digits.
+  for (double t0 : {0.9, 1.0})
+    for (auto [kind, low, high] : {std::tuple{SamplerKind::unipc, 2.3, 3.6}, std::tuple{SamplerKind::unipc_3m, 2.8, 5.2}}) {
+      const double order = observed_order(kind, 64, t0, UniPCVariant::bh1);
+      EXPECT_GT(order, low) << sampler_info(kind).name << " bh1 from t0 = " << t0;
+      EXPECT_LT(order, high) << sampler_info(kind).name << " bh1 from t0 = " << t0;
+    }
 }
 
 TEST(SolversOrder, IpndmConvergesFasterThanSecondOrder) {
@@ -346,6 +363,32 @@ TEST(SolversStep, UniPCCorrectsWithTheNextCallsPrediction) {
   const double corrected = base0 + c0 * b1 * (-0.2 - 0.4);
   const double d_bar = -0.2 + h1 / (2 * h0) * (-0.2 - 0.4);
   EXPECT_NEAR(x[0], s.sigma(0.3) / s.sigma(0.6) * corrected + c1 * d_bar, 1e-14);
+}
+
+TEST(SolversStep, UniPCBh1ChangesOnlyThePredictorsFixedWeight) {
+  // The grid and predictions of UniPCCorrectsWithTheNextCallsPrediction. With B(h) = h the
+  // corrector's weight, which solves its order condition, is the same (B cancels); the 2M
+  // predictor's ρ = ½ multiplies α' h instead of α'(1 − e^{−h}).
+  const TangentSchedule s;
+  const std::vector<double> times = {0.8, 0.6, 0.3};
+  std::vector<double> x = {0.7};
+  int call = 0;
+  const double predictions[2] = {0.4, -0.2};
+  auto denoise = [&](const double*, double, const double*, double* out) { out[0] = predictions[call++]; };
+  NormalGenerator rng(0);
+  Arena arena;
+  SolverSettings settings;
+  settings.kind = SamplerKind::unipc;
+  settings.unipc_variant = UniPCVariant::bh1;
+  integrate<double>(denoise, settings, s, times, 1, x.data(), rng, arena);
+  auto lam = [&](double t) { return std::log(s.alpha(t) / s.sigma(t)); };
+  const double h0 = lam(0.6) - lam(0.8), h1 = lam(0.3) - lam(0.6);
+  const double c0 = s.alpha(0.6) * (1 - std::exp(-h0)), c1 = s.alpha(0.3) * (1 - std::exp(-h1));
+  const double base0 = s.sigma(0.6) / s.sigma(0.8) * 0.7 + c0 * 0.4;
+  const double b1 = ((1 - std::exp(-h0)) / h0 - 1) / (std::exp(-h0) - 1);
+  const double corrected = base0 + c0 * b1 * (-0.2 - 0.4);
+  const double d1 = h1 / h0 * (-0.2 - 0.4);  // (D_0 − D_1) / r, r = −h0 / h1
+  EXPECT_NEAR(x[0], s.sigma(0.3) / s.sigma(0.6) * corrected + c1 * -0.2 + s.alpha(0.3) * h1 * 0.5 * d1, 1e-14);
 }
 
 TEST(SolversHooks, AStepHookAlsoSeesUniPCsCorrectedX) {
