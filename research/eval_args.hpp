@@ -1,7 +1,9 @@
-// The command line of the evaluation programs in bench/ (ldlm_sampler_eval, ldlm_infill_eval):
-// "--name value" pairs and comma-separated lists.
+// The command line of the research programs (ldlm_sampler_eval, ldlm_infill_eval,
+// ldlm_fit_time_grid, ldlm_solver_variants): "--name value" pairs, comma-separated lists
+// and seed ranges.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +24,18 @@ inline std::string arg(const std::vector<std::string>& argv, const std::string& 
   for (std::size_t i = 0; i + 1 < argv.size(); ++i)
     if (argv[i] == "--" + name) return argv[i + 1];
   return fallback;
+}
+
+/// "100-131" or "0,3,5" as a list of seeds.
+inline std::vector<std::uint64_t> seed_list(const std::string& text) {
+  std::vector<std::uint64_t> out;
+  for (const std::string& field : split(text)) {
+    const auto dash = field.find('-');
+    const std::uint64_t a = std::stoull(field.substr(0, dash));
+    const std::uint64_t b = dash == std::string::npos ? a : std::stoull(field.substr(dash + 1));
+    for (std::uint64_t s = a; s <= b; ++s) out.push_back(s);
+  }
+  return out;
 }
 
 }  // namespace ldlm::bench

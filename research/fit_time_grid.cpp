@@ -71,22 +71,8 @@ namespace {
 
 using namespace ldlm;
 using bench::arg;
+using bench::seed_list;
 using bench::split;
-
-/// "100-131" or "0,3,5" as a list of seeds.
-std::vector<std::uint64_t> seed_list(const std::string& text) {
-  std::vector<std::uint64_t> out;
-  for (const std::string& field : split(text)) {
-    const auto dash = field.find('-');
-    if (dash == std::string::npos) {
-      out.push_back(std::stoull(field));
-      continue;
-    }
-    const std::uint64_t a = std::stoull(field.substr(0, dash)), b = std::stoull(field.substr(dash + 1));
-    for (std::uint64_t s = a; s <= b; ++s) out.push_back(s);
-  }
-  return out;
-}
 
 struct Reference {
   std::vector<float> x, d;  // [candidates][n]: x_ref and D_ref at each candidate time

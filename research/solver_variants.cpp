@@ -34,18 +34,8 @@ namespace {
 
 using namespace ldlm;
 using bench::arg;
+using bench::seed_list;
 using bench::split;
-
-std::vector<std::uint64_t> seed_list(const std::string& text) {
-  std::vector<std::uint64_t> out;
-  for (const std::string& field : split(text)) {
-    const auto dash = field.find('-');
-    const std::uint64_t a = std::stoull(field.substr(0, dash));
-    const std::uint64_t b = dash == std::string::npos ? a : std::stoull(field.substr(dash + 1));
-    for (std::uint64_t s = a; s <= b; ++s) out.push_back(s);
-  }
-  return out;
-}
 
 struct Row {
   std::string name;

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <new>
-#include <utility>
 
 #include <sys/mman.h>
 
@@ -24,44 +24,33 @@ class AlignedBytes {
   static constexpr std::size_t kOwnPages = std::size_t(1) << 20;
 
   AlignedBytes() = default;
-  explicit AlignedBytes(std::size_t n) : size_(n) {
+  explicit AlignedBytes(std::size_t n) : bytes_(allocate(n), Release{n}) {}
+
+  std::byte* data() const { return bytes_.get(); }
+  std::size_t size() const { return bytes_ ? bytes_.get_deleter().size : 0; }
+
+ private:
+  // The size tells the release which allocation the bytes came from.
+  struct Release {
+    std::size_t size = 0;
+    void operator()(std::byte* p) const {
+      if (size >= kOwnPages)
+        ::munmap(p, size);
+      else
+        ::operator delete[](p, std::align_val_t(kAlign));
+    }
+  };
+
+  static std::byte* allocate(std::size_t n) {
     if (n >= kOwnPages) {
       void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
-      data_ = static_cast<std::byte*>(p);
-    } else if (n > 0) {
-      data_ = static_cast<std::byte*>(::operator new[](n, std::align_val_t(kAlign)));
+      return static_cast<std::byte*>(p);
     }
-  }
-  AlignedBytes(AlignedBytes&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-  AlignedBytes& operator=(AlignedBytes&& other) noexcept {
-    if (this != &other) {
-      release();
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-    }
-    return *this;
-  }
-  AlignedBytes(const AlignedBytes&) = delete;
-  AlignedBytes& operator=(const AlignedBytes&) = delete;
-  ~AlignedBytes() { release(); }
-
-  std::byte* data() const { return data_; }
-  std::size_t size() const { return size_; }
-
- private:
-  void release() {
-    if (!data_) return;
-    if (size_ >= kOwnPages)
-      ::munmap(data_, size_);
-    else
-      ::operator delete[](data_, std::align_val_t(kAlign));
-    data_ = nullptr;
+    return n > 0 ? static_cast<std::byte*>(::operator new[](n, std::align_val_t(kAlign))) : nullptr;
   }
 
-  std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
+  std::unique_ptr<std::byte, Release> bytes_;
 };
 
 }  // namespace ldlm

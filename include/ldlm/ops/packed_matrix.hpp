@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-
 #include "ldlm/core/error.hpp"
 #include "ldlm/core/memory.hpp"
 #include "ldlm/core/precision.hpp"

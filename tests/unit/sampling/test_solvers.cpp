@@ -338,49 +338,11 @@ TEST(SolversStep, UniPCCorrectsWithTheNextCallsPrediction) {
   // docs/model.md §Solvers, from a grid that starts below 1: step 0 predicts with ddim;
   // step 1's call, at that x_1, gives D_1, which corrects x_1 with ρ = b_1(h_0) before
   // step 1 predicts x_2 from the corrected x_1 with the 2M rule. The final x_2 is not
-  // corrected.
+  // corrected. With B(h) = h (bh1) the corrector's weight, which solves its order
+  // condition, is the same (B cancels); the 2M predictor's ρ = ½ multiplies α' h instead
+  // of α'(1 − e^{−h}).
   const TangentSchedule s;
   const std::vector<double> times = {0.8, 0.6, 0.3};
-  std::vector<double> x = {0.7};
-  std::vector<double> seen;
-  int call = 0;
-  const double predictions[2] = {0.4, -0.2};
-  auto denoise = [&](const double* at, double, const double*, double* out) {
-    seen.push_back(at[0]);
-    out[0] = predictions[call++];
-  };
-  NormalGenerator rng(0);
-  Arena arena;
-  SolverSettings settings;
-  settings.kind = SamplerKind::unipc;
-  integrate<double>(denoise, settings, s, times, 1, x.data(), rng, arena);
-  auto lam = [&](double t) { return std::log(s.alpha(t) / s.sigma(t)); };
-  const double h0 = lam(0.6) - lam(0.8), h1 = lam(0.3) - lam(0.6);
-  const double c0 = s.alpha(0.6) * (1 - std::exp(-h0)), c1 = s.alpha(0.3) * (1 - std::exp(-h1));
-  const double base0 = s.sigma(0.6) / s.sigma(0.8) * 0.7 + c0 * 0.4;
-  EXPECT_NEAR(seen[1], base0, 1e-14) << "the second call sees the predicted x_1";
-  const double b1 = ((1 - std::exp(-h0)) / h0 - 1) / (std::exp(-h0) - 1);
-  const double corrected = base0 + c0 * b1 * (-0.2 - 0.4);
-  const double d_bar = -0.2 + h1 / (2 * h0) * (-0.2 - 0.4);
-  EXPECT_NEAR(x[0], s.sigma(0.3) / s.sigma(0.6) * corrected + c1 * d_bar, 1e-14);
-}
-
-TEST(SolversStep, UniPCBh1ChangesOnlyThePredictorsFixedWeight) {
-  // The grid and predictions of UniPCCorrectsWithTheNextCallsPrediction. With B(h) = h the
-  // corrector's weight, which solves its order condition, is the same (B cancels); the 2M
-  // predictor's ρ = ½ multiplies α' h instead of α'(1 − e^{−h}).
-  const TangentSchedule s;
-  const std::vector<double> times = {0.8, 0.6, 0.3};
-  std::vector<double> x = {0.7};
-  int call = 0;
-  const double predictions[2] = {0.4, -0.2};
-  auto denoise = [&](const double*, double, const double*, double* out) { out[0] = predictions[call++]; };
-  NormalGenerator rng(0);
-  Arena arena;
-  SolverSettings settings;
-  settings.kind = SamplerKind::unipc;
-  settings.unipc_variant = UniPCVariant::bh1;
-  integrate<double>(denoise, settings, s, times, 1, x.data(), rng, arena);
   auto lam = [&](double t) { return std::log(s.alpha(t) / s.sigma(t)); };
   const double h0 = lam(0.6) - lam(0.8), h1 = lam(0.3) - lam(0.6);
   const double c0 = s.alpha(0.6) * (1 - std::exp(-h0)), c1 = s.alpha(0.3) * (1 - std::exp(-h1));
@@ -388,7 +350,27 @@ TEST(SolversStep, UniPCBh1ChangesOnlyThePredictorsFixedWeight) {
   const double b1 = ((1 - std::exp(-h0)) / h0 - 1) / (std::exp(-h0) - 1);
   const double corrected = base0 + c0 * b1 * (-0.2 - 0.4);
   const double d1 = h1 / h0 * (-0.2 - 0.4);  // (D_0 − D_1) / r, r = −h0 / h1
-  EXPECT_NEAR(x[0], s.sigma(0.3) / s.sigma(0.6) * corrected + c1 * -0.2 + s.alpha(0.3) * h1 * 0.5 * d1, 1e-14);
+  for (const UniPCVariant variant : {UniPCVariant::bh2, UniPCVariant::bh1}) {
+    std::vector<double> x = {0.7};
+    std::vector<double> seen;
+    int call = 0;
+    const double predictions[2] = {0.4, -0.2};
+    auto denoise = [&](const double* at, double, const double*, double* out) {
+      seen.push_back(at[0]);
+      out[0] = predictions[call++];
+    };
+    NormalGenerator rng(0);
+    Arena arena;
+    SolverSettings settings;
+    settings.kind = SamplerKind::unipc;
+    settings.unipc_variant = variant;
+    integrate<double>(denoise, settings, s, times, 1, x.data(), rng, arena);
+    const bool bh1 = variant == UniPCVariant::bh1;
+    EXPECT_NEAR(seen[1], base0, 1e-14) << "the second call sees the predicted x_1; bh1 " << bh1;
+    const double predictor_scale = bh1 ? s.alpha(0.3) * h1 : c1;
+    EXPECT_NEAR(x[0], s.sigma(0.3) / s.sigma(0.6) * corrected + c1 * -0.2 + predictor_scale * 0.5 * d1, 1e-14)
+        << "bh1 " << bh1;
+  }
 }
 
 TEST(SolversHooks, AStepHookAlsoSeesUniPCsCorrectedX) {
