@@ -8,6 +8,10 @@
 //   peak_dot_bf16   _mm512_dpbf16_ps (AVX512_BF16): 16 lanes x 2 bf16 pairs, so
 //                   64 FLOPs per instruction, counted as an FMA on each pair. Skipped
 //                   (reported as an error) on CPUs without AVX512_BF16.
+//   peak_dot_int8   _mm512_dpbusd_epi32 (AVX512_VNNI): 16 lanes x 4 u8 x s8 pairs, so
+//                   128 integer operations per instruction, counted as an FMA on each
+//                   pair: the ceiling of int8 products (Precision::int8). Skipped on
+//                   CPUs without AVX512_VNNI.
 //   peak_amx_bf16   _tile_dpbf16ps (AMX-BF16) into 4 independent 16 x 16 fp32 tiles:
 //                   a 16 x 32 by 32 x 16 product, 16384 FLOPs per instruction. The bf16
 //                   peak of a CPU whose bf16 kernels are AMX; skipped on others, and
@@ -91,6 +95,25 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_bf16_zmm(std::int64_t it
   _mm512_store_ps(lanes, sum);
   return sum_lanes(lanes, 16);
 }
+
+// s32 sums of u8 x s8 products of ones: each lane grows by 4 per instruction and wraps
+// in the hardware, which is defined, whatever the count.
+__attribute__((target("avx512f,avx512vnni"))) float dot_int8_zmm(std::int64_t iterations) {
+  __m512i acc[kBf16Chains];
+  for (int c = 0; c < kBf16Chains; ++c) acc[c] = _mm512_set1_epi32(c);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (std::int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kBf16Chains; ++c) acc[c] = _mm512_dpbusd_epi32(acc[c], ones, ones);
+  }
+  __m512i sum = acc[0];
+  for (int c = 1; c < kBf16Chains; ++c) sum = _mm512_add_epi32(sum, acc[c]);
+  alignas(64) std::int32_t lanes[16];
+  _mm512_store_si512(lanes, sum);
+  float total = 0;
+  for (const std::int32_t lane : lanes) total += static_cast<float>(lane);
+  return total;
+}
 #endif
 
 #if defined(LDLM_HAVE_AMX)
@@ -165,6 +188,13 @@ PeakKernel bf16_dot_kernel() {
   return {};
 }
 
+PeakKernel int8_dot_kernel() {
+#if defined(LDLM_BENCH_X86)
+  if (ldlm::cpu_features().avx512_vnni) return {"zmm _mm512_dpbusd_epi32 x16 chains", dot_int8_zmm, 128.0 * kBf16Chains};
+#endif
+  return {};
+}
+
 PeakKernel amx_bf16_kernel() {
 #if defined(LDLM_HAVE_AMX)
   if (ldlm::amx_bf16_usable())
@@ -199,6 +229,7 @@ void run_peak(benchmark::State& state, const PeakKernel& kernel) {
 
 void BM_peak_fma_fp32(benchmark::State& state) { run_peak(state, fp32_fma_kernel()); }
 void BM_peak_dot_bf16(benchmark::State& state) { run_peak(state, bf16_dot_kernel()); }
+void BM_peak_dot_int8(benchmark::State& state) { run_peak(state, int8_dot_kernel()); }
 void BM_peak_amx_bf16(benchmark::State& state) { run_peak(state, amx_bf16_kernel()); }
 
 // The path that runs, once, before any benchmark (benchmark_main prints and writes
@@ -215,9 +246,11 @@ const bool kContextAdded = [] {
   benchmark::AddCustomContext("ldlm_fp32_attention", paths.fp32_attention);
   benchmark::AddCustomContext("ldlm_bf16_linear", paths.bf16_linear);
   benchmark::AddCustomContext("ldlm_bf16_attention", paths.bf16_attention);
-  const PeakKernel fma = fp32_fma_kernel(), dot = bf16_dot_kernel(), amx = amx_bf16_kernel();
+  const PeakKernel fma = fp32_fma_kernel(), dot = bf16_dot_kernel(), int8 = int8_dot_kernel(),
+                   amx = amx_bf16_kernel();
   benchmark::AddCustomContext("ldlm_peak_fp32_kernel", fma.label ? fma.label : "none");
   benchmark::AddCustomContext("ldlm_peak_bf16_kernel", dot.label ? dot.label : "none");
+  benchmark::AddCustomContext("ldlm_peak_int8_kernel", int8.label ? int8.label : "none");
   benchmark::AddCustomContext("ldlm_peak_amx_kernel", amx.label ? amx.label : "none");
   return true;
 }();
@@ -233,6 +266,13 @@ BENCHMARK(BM_peak_fma_fp32)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_peak_dot_bf16)
     ->Name("peak_dot_bf16")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_peak_dot_int8)
+    ->Name("peak_dot_int8")
     ->ArgName("threads")
     ->Arg(1)
     ->Arg(2)

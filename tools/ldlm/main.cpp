@@ -85,9 +85,10 @@ int run(const std::vector<std::string>& argv) {
 int main(int argc, char** argv) {
 #if defined(__GLIBC__)
   // glibc raises its mmap threshold to the largest block freed (up to 32 MB); loading's
-  // large float copies then come from the heap, whose freed memory stays resident. A fixed
-  // 1 MB threshold gives each back at once: generate --length 1024 peaked 19 MB lower at
-  // int8 and 24 MB at fp32, with no fault more per step (docs/performance.md §int8, "Memory").
+  // large buffers then come from the heap, whose freed memory stays resident. The library
+  // keeps its own large buffers out of the heap; a fixed 1 MB threshold also gives back
+  // the rest at once (quantizing at load: 7 MB of generate --length 1024's peak), with no
+  // fault more per step (docs/performance.md §int8, "Memory").
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
 #endif
   try {

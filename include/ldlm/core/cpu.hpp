@@ -22,7 +22,7 @@ struct CpuFeatures {
   int family = 0, model = 0;
   bool avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512_bf16 = false, avx512_fp16 = false;
+  bool avx512_bf16 = false, avx512_fp16 = false, avx512_vnni = false;
   bool amx_tile = false, amx_bf16 = false;
 
   /// The features that matter to ldlm's kernels, e.g. "avx2 fma avx512f ... amx_bf16".
@@ -43,6 +43,7 @@ struct CpuFeatures {
     add(avx512dq, "avx512dq");
     add(avx512_bf16, "avx512_bf16");
     add(avx512_fp16, "avx512_fp16");
+    add(avx512_vnni, "avx512_vnni");
     add(amx_tile, "amx_tile");
     add(amx_bf16, "amx_bf16");
     return s.empty() ? "none of avx2/avx512/amx" : s;
@@ -88,6 +89,7 @@ inline CpuFeatures detect_cpu_features() {
     f.avx512bw = f.avx512f && ((b >> 30) & 1);
     f.avx512vl = f.avx512f && ((b >> 31) & 1);
     f.avx512_fp16 = f.avx512f && ((d >> 23) & 1);
+    f.avx512_vnni = f.avx512f && ((c >> 11) & 1);
     f.amx_bf16 = tile_state && ((d >> 22) & 1);
     f.amx_tile = tile_state && ((d >> 24) & 1);
     const unsigned max_subleaf = a;

@@ -1,5 +1,5 @@
-// Aligned byte buffers for the library's large, long-lived memory: packed weights and
-// the arenas' blocks.
+// Aligned byte buffers for the library's large memory: packed weights, parameters'
+// values (which loading frees once they are packed) and the arenas' blocks.
 #pragma once
 
 #include <cstddef>
@@ -10,37 +10,45 @@
 
 namespace ldlm {
 
+namespace detail {
+inline constexpr std::size_t kAlignedBytesAlign = 64;
+inline constexpr std::size_t kAlignedBytesOwnPages = std::size_t(1) << 20;
+
+/// AlignedBytes' deleter; the size tells it which allocation the bytes came from. Outside
+/// the class, so that the class's default constructor can use its default member
+/// initializer.
+struct AlignedBytesRelease {
+  std::size_t size = 0;
+  void operator()(std::byte* p) const {
+    if (size >= kAlignedBytesOwnPages)
+      ::munmap(p, size);
+    else
+      ::operator delete[](p, std::align_val_t(kAlignedBytesAlign));
+  }
+};
+}  // namespace detail
+
 /// 64-byte aligned, uninitialised bytes, owned; move-only. From 1 MB up they are pages of
 /// their own (mmap), apart from the heap, so that freeing them gives the memory back to
 /// the system at once. glibc raises its mmap threshold to the largest block freed (up to
 /// 32 MB), after which its heap serves large blocks too, and keeps their freed memory
 /// resident while anything lives above it: packed weights in the heap kept the loading's
 /// freed float copies resident, 22 MB of `ldlm generate`'s peak at int8 and 73 MB at fp32
-/// (bench/results/README.md, "a float checkpoint loaded at int8, and the heap"). Pages
-/// never written are not resident, so a large buffer costs only what is written to it.
+/// (bench/results/README.md, "a float checkpoint loaded at int8, and the heap"); those
+/// float copies, parameters' values, are AlignedBytes too. Pages never written are not
+/// resident, so a large buffer costs only what is written to it.
 class AlignedBytes {
  public:
-  static constexpr std::size_t kAlign = 64;
-  static constexpr std::size_t kOwnPages = std::size_t(1) << 20;
+  static constexpr std::size_t kAlign = detail::kAlignedBytesAlign;
+  static constexpr std::size_t kOwnPages = detail::kAlignedBytesOwnPages;
 
   AlignedBytes() = default;
-  explicit AlignedBytes(std::size_t n) : bytes_(allocate(n), Release{n}) {}
+  explicit AlignedBytes(std::size_t n) : bytes_(allocate(n), detail::AlignedBytesRelease{n}) {}
 
   std::byte* data() const { return bytes_.get(); }
   std::size_t size() const { return bytes_ ? bytes_.get_deleter().size : 0; }
 
  private:
-  // The size tells the release which allocation the bytes came from.
-  struct Release {
-    std::size_t size = 0;
-    void operator()(std::byte* p) const {
-      if (size >= kOwnPages)
-        ::munmap(p, size);
-      else
-        ::operator delete[](p, std::align_val_t(kAlign));
-    }
-  };
-
   static std::byte* allocate(std::size_t n) {
     if (n >= kOwnPages) {
       void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -50,7 +58,7 @@ class AlignedBytes {
     return n > 0 ? static_cast<std::byte*>(::operator new[](n, std::align_val_t(kAlign))) : nullptr;
   }
 
-  std::unique_ptr<std::byte, Release> bytes_;
+  std::unique_ptr<std::byte, detail::AlignedBytesRelease> bytes_;
 };
 
 }  // namespace ldlm

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "ldlm/core/memory.hpp"
 #include "ldlm/core/precision.hpp"
 #include "ldlm/core/tensor.hpp"
 
@@ -23,6 +25,18 @@ class Parameter {
  public:
   Parameter() = default;
   explicit Parameter(Shape shape, Role role = Role::trained) : shape_(std::move(shape)), role_(role) {}
+  // A copied module owns copies of its values (AlignedBytes itself only moves).
+  Parameter(const Parameter& other) : shape_(other.shape_), role_(other.role_), released_(other.released_) {
+    if (other.storage_.size() == 0) return;
+    storage_ = AlignedBytes(other.storage_.size());
+    std::memcpy(values(), other.values(), storage_.size());
+  }
+  Parameter(Parameter&&) noexcept = default;
+  Parameter& operator=(Parameter other) noexcept {
+    std::swap(shape_, other.shape_), std::swap(role_, other.role_);
+    std::swap(storage_, other.storage_), std::swap(released_, other.released_);
+    return *this;
+  }
 
   const Shape& shape() const { return shape_; }
   Role role() const { return role_; }
@@ -31,49 +45,51 @@ class Parameter {
     for (auto e : shape_) n *= e;
     return n;
   }
-  bool allocated() const { return static_cast<std::int64_t>(storage_.size()) == numel(); }
+  bool allocated() const { return storage_.size() == bytes(); }
   /// Reserves storage (uninitialised values); idempotent.
   void allocate() {
-    if (!allocated()) storage_.resize(numel());
+    if (!allocated()) storage_ = AlignedBytes(bytes());
     released_ = false;
   }
   /// Frees the values once a packed copy serves the products (nn::MatmulWeight);
   /// reading them afterwards is an error that says so.
   void release() {
-    storage_ = Vector<S>();
+    storage_ = AlignedBytes();
     released_ = true;
   }
 
   /// Storage to write; allocate() first.
   S* data() {
     require_values();
-    return storage_.data();
+    return values();
   }
   const S* data() const {
     require_values();
-    return storage_.data();
+    return values();
   }
   /// As a row-major matrix: [shape0, rest] (nn.Linear: [out, in]); rank 1 is [1, n].
   ConstMatrixMap<S> matrix() const {
     require_values();
-    return ConstMatrixMap<S>(storage_.data(), rows(), numel() / std::max<Index>(rows(), 1));
+    return ConstMatrixMap<S>(values(), rows(), numel() / std::max<Index>(rows(), 1));
   }
   MatrixMap<S> matrix() {
     allocate();
-    return MatrixMap<S>(storage_.data(), rows(), numel() / std::max<Index>(rows(), 1));
+    return MatrixMap<S>(values(), rows(), numel() / std::max<Index>(rows(), 1));
   }
   /// Any parameter as a flat row vector in row-major order.
   ConstRowVectorMap<S> vector() const {
     require_values();
-    return ConstRowVectorMap<S>(storage_.data(), numel());
+    return ConstRowVectorMap<S>(values(), numel());
   }
   RowVectorMap<S> vector() {
     allocate();
-    return RowVectorMap<S>(storage_.data(), numel());
+    return RowVectorMap<S>(values(), numel());
   }
 
  private:
   Index rows() const { return shape_.size() >= 2 ? shape_[0] : 1; }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(S); }
+  S* values() const { return reinterpret_cast<S*>(storage_.data()); }
   void require_values() const {
     if (released_)
       throw Error("ldlm: a parameter of shape " + shape_string(shape_) +
@@ -86,7 +102,9 @@ class Parameter {
 
   Shape shape_;
   Role role_ = Role::trained;
-  Vector<S> storage_;
+  // AlignedBytes, not the heap: once packed, a weight's float values are freed, and a
+  // freed block of the heap stays resident while anything lives above it (core/memory.hpp).
+  AlignedBytes storage_;
   bool released_ = false;
 };
 

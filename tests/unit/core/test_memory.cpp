@@ -1,5 +1,6 @@
 // AlignedBytes (core/memory.hpp): alignment, moves, and large buffers that go back to the
-// system when freed, whatever glibc's heap would do with them.
+// system when freed, whatever glibc's heap would do with them; a Parameter's values
+// (core/parameter.hpp), which loading frees once they are packed, are such buffers.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <utility>
 
 #include "ldlm/core/memory.hpp"
+#include "ldlm/core/parameter.hpp"
 #include "support/memory.hpp"
 
 namespace unit_core_memory {
@@ -26,6 +28,7 @@ TEST(AlignedBytes, SmallAndLargeBuffersAreAlignedAndWritable) {
     EXPECT_EQ(static_cast<unsigned char>(b.data()[n - 1]), 0x5a);
   }
   EXPECT_EQ(AlignedBytes(0).data(), nullptr);
+  EXPECT_EQ(AlignedBytes().size(), 0u);
 }
 
 TEST(AlignedBytes, AMoveHandsOverTheBytesOnce) {
@@ -52,6 +55,31 @@ TEST(AlignedBytes, ALargeBufferGoesBackToTheSystemWhenFreed) {
     ASSERT_TRUE(page_resident(address));
   }
   EXPECT_FALSE(page_resident(address)) << "the freed buffer's pages are still resident";
+}
+
+TEST(Parameter, ReleasedValuesGoBackToTheSystem) {
+  // Loading packs each large weight and releases its float values, some 14 MB a block
+  // at ldlm-base width: with the heap's threshold raised they would stay resident.
+  ldlm::test::raise_malloc_mmap_threshold();
+  ldlm::Parameter<float> weight({1024, 1024});
+  weight.vector().setConstant(1.0f);
+  const void* address = weight.data() + weight.numel() / 2;
+  ASSERT_TRUE(page_resident(address));
+  weight.release();
+  EXPECT_FALSE(page_resident(address)) << "the released values' pages are still resident";
+}
+
+TEST(Parameter, ACopyHasItsOwnValues) {
+  ldlm::Parameter<float> a({2, 3});
+  a.vector().setLinSpaced(6, 0.0f, 5.0f);
+  ldlm::Parameter<float> b = a;
+  b.vector()[0] = 7.0f;
+  EXPECT_EQ(a.data()[0], 0.0f);
+  EXPECT_EQ(b.data()[5], 5.0f);
+  ldlm::Parameter<float> c({1});
+  c = b;
+  EXPECT_EQ(c.shape(), (ldlm::Shape{2, 3}));
+  EXPECT_EQ(c.data()[0], 7.0f);
 }
 
 }  // namespace

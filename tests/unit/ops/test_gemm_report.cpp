@@ -56,6 +56,12 @@ TEST(GemmReport, ReportsTheCpuAndTheKernelOfEveryPath) {
       EXPECT_TRUE(bf16_operands_native()) << paths.bf16_linear;
       EXPECT_THAT(paths.bf16_attention, HasSubstr("brg:avx512_core_bf16"));
     }
+    // ldlm's CPUID and oneDNN's agree on VNNI, which `ldlm info` and the int8 peak
+    // (bench_peak.cpp) read from the former.
+    if (!cpu.amx_bf16) {
+      EXPECT_EQ(cpu.avx512_vnni, paths.int8_linear.starts_with("brg:avx512_core_vnni"))
+          << "int8 kernel " << paths.int8_linear << ", features " << cpu.summary();
+    }
   }
 }
 
