@@ -45,7 +45,7 @@ namespace {
 #if defined(LDLM_BENCH_X86)
 constexpr int kZmmChains = 16;  // of 32 zmm registers; latency 4 x 2 pipes needs 8
 constexpr int kYmmChains = 12;  // of 16 ymm registers; latency 5 x 2 pipes needs 10
-constexpr int kBf16Chains = 16;
+constexpr int kDotChains = 16;  // vdpbf16ps and vpdpbusd: latency up to 6 x 2 pipes needs 12
 
 // Each returns a sum of its accumulators so the loop cannot be dropped. (Lanes are
 // summed through memory: GCC 12 warns inside _mm512_reduce_add_ps.)
@@ -81,16 +81,16 @@ __attribute__((target("avx2,fma"))) float fma_ymm(std::int64_t iterations) {
 // Products of small bf16 values: each lane grows by 2 * 2^-20 per instruction, far
 // from overflow after any count this benchmark runs.
 __attribute__((target("avx512f,avx512bf16"))) float dot_bf16_zmm(std::int64_t iterations) {
-  __m512 acc[kBf16Chains];
-  for (int c = 0; c < kBf16Chains; ++c) acc[c] = _mm512_set1_ps(0.01f * static_cast<float>(c));
+  __m512 acc[kDotChains];
+  for (int c = 0; c < kDotChains; ++c) acc[c] = _mm512_set1_ps(0.01f * static_cast<float>(c));
   const __m512 small = _mm512_set1_ps(1.0f / 1024);
   const __m512bh a = _mm512_cvtne2ps_pbh(small, small), b = _mm512_cvtne2ps_pbh(small, small);
   for (std::int64_t i = 0; i < iterations; ++i) {
 #pragma GCC unroll 16
-    for (int c = 0; c < kBf16Chains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    for (int c = 0; c < kDotChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
   }
   __m512 sum = acc[0];
-  for (int c = 1; c < kBf16Chains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  for (int c = 1; c < kDotChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, sum);
   return sum_lanes(lanes, 16);
@@ -99,15 +99,15 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_bf16_zmm(std::int64_t it
 // s32 sums of u8 x s8 products of ones: each lane grows by 4 per instruction and wraps
 // in the hardware, which is defined, whatever the count.
 __attribute__((target("avx512f,avx512vnni"))) float dot_int8_zmm(std::int64_t iterations) {
-  __m512i acc[kBf16Chains];
-  for (int c = 0; c < kBf16Chains; ++c) acc[c] = _mm512_set1_epi32(c);
+  __m512i acc[kDotChains];
+  for (int c = 0; c < kDotChains; ++c) acc[c] = _mm512_set1_epi32(c);
   const __m512i ones = _mm512_set1_epi8(1);
   for (std::int64_t i = 0; i < iterations; ++i) {
 #pragma GCC unroll 16
-    for (int c = 0; c < kBf16Chains; ++c) acc[c] = _mm512_dpbusd_epi32(acc[c], ones, ones);
+    for (int c = 0; c < kDotChains; ++c) acc[c] = _mm512_dpbusd_epi32(acc[c], ones, ones);
   }
   __m512i sum = acc[0];
-  for (int c = 1; c < kBf16Chains; ++c) sum = _mm512_add_epi32(sum, acc[c]);
+  for (int c = 1; c < kDotChains; ++c) sum = _mm512_add_epi32(sum, acc[c]);
   alignas(64) std::int32_t lanes[16];
   _mm512_store_si512(lanes, sum);
   float total = 0;
@@ -183,14 +183,14 @@ PeakKernel fp32_fma_kernel() {
 
 PeakKernel bf16_dot_kernel() {
 #if defined(LDLM_BENCH_X86)
-  if (ldlm::cpu_features().avx512_bf16) return {"zmm _mm512_dpbf16_ps x16 chains", dot_bf16_zmm, 64.0 * kBf16Chains};
+  if (ldlm::cpu_features().avx512_bf16) return {"zmm _mm512_dpbf16_ps x16 chains", dot_bf16_zmm, 64.0 * kDotChains};
 #endif
   return {};
 }
 
 PeakKernel int8_dot_kernel() {
 #if defined(LDLM_BENCH_X86)
-  if (ldlm::cpu_features().avx512_vnni) return {"zmm _mm512_dpbusd_epi32 x16 chains", dot_int8_zmm, 128.0 * kBf16Chains};
+  if (ldlm::cpu_features().avx512_vnni) return {"zmm _mm512_dpbusd_epi32 x16 chains", dot_int8_zmm, 128.0 * kDotChains};
 #endif
   return {};
 }

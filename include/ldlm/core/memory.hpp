@@ -10,24 +10,6 @@
 
 namespace ldlm {
 
-namespace detail {
-inline constexpr std::size_t kAlignedBytesAlign = 64;
-inline constexpr std::size_t kAlignedBytesOwnPages = std::size_t(1) << 20;
-
-/// AlignedBytes' deleter; the size tells it which allocation the bytes came from. Outside
-/// the class, so that the class's default constructor can use its default member
-/// initializer.
-struct AlignedBytesRelease {
-  std::size_t size = 0;
-  void operator()(std::byte* p) const {
-    if (size >= kAlignedBytesOwnPages)
-      ::munmap(p, size);
-    else
-      ::operator delete[](p, std::align_val_t(kAlignedBytesAlign));
-  }
-};
-}  // namespace detail
-
 /// 64-byte aligned, uninitialised bytes, owned; move-only. From 1 MB up they are pages of
 /// their own (mmap), apart from the heap, so that freeing them gives the memory back to
 /// the system at once. glibc raises its mmap threshold to the largest block freed (up to
@@ -39,11 +21,11 @@ struct AlignedBytesRelease {
 /// resident, so a large buffer costs only what is written to it.
 class AlignedBytes {
  public:
-  static constexpr std::size_t kAlign = detail::kAlignedBytesAlign;
-  static constexpr std::size_t kOwnPages = detail::kAlignedBytesOwnPages;
+  static constexpr std::size_t kAlign = 64;
+  static constexpr std::size_t kOwnPages = std::size_t(1) << 20;
 
   AlignedBytes() = default;
-  explicit AlignedBytes(std::size_t n) : bytes_(allocate(n), detail::AlignedBytesRelease{n}) {}
+  explicit AlignedBytes(std::size_t n) : bytes_(allocate(n), Release{n}) {}
 
   std::byte* data() const { return bytes_.get(); }
   std::size_t size() const { return bytes_ ? bytes_.get_deleter().size : 0; }
@@ -58,7 +40,20 @@ class AlignedBytes {
     return n > 0 ? static_cast<std::byte*>(::operator new[](n, std::align_val_t(kAlign))) : nullptr;
   }
 
-  std::unique_ptr<std::byte, detail::AlignedBytesRelease> bytes_;
+  // The size tells the release which allocation the bytes came from. No default member
+  // initializer: a nested class's is not usable before the enclosing class is complete
+  // (GCC, CWG 1397), which made AlignedBytes() ill-formed; bytes_ starts empty instead.
+  struct Release {
+    std::size_t size;
+    void operator()(std::byte* p) const {
+      if (size >= kOwnPages)
+        ::munmap(p, size);
+      else
+        ::operator delete[](p, std::align_val_t(kAlign));
+    }
+  };
+
+  std::unique_ptr<std::byte, Release> bytes_{nullptr, Release{0}};
 };
 
 }  // namespace ldlm
